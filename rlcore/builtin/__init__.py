@@ -1,0 +1,74 @@
+"""rlcore's builtin components, registered through the same hooks as any third-party plugin."""
+
+from __future__ import annotations
+
+from rlcore.builtin.options import (
+    ConsoleOptions,
+    JsonlOptions,
+    LocalLauncherOptions,
+    PPOClipOptions,
+    PythonRewardOptions,
+    SingleTurnOptions,
+    TensorboardOptions,
+    WandbOptions,
+)
+from rlcore.components import Component
+from rlcore.hookspecs import hookimpl
+
+
+@hookimpl
+def rlcore_launchers():
+    return [
+        Component(
+            name="local",
+            factory="rlcore.builtin.local:build",
+            options=LocalLauncherOptions,
+            description="runs the driver in this process",
+        )
+    ]
+
+
+@hookimpl
+def rlcore_metrics_sinks():
+    return [
+        Component("console", "rlcore.builtin.loggers:console", ConsoleOptions, "a live rich view with a progress bar"),
+        Component("jsonl", "rlcore.builtin.loggers:jsonl", JsonlOptions, "one JSON object per step in metrics.jsonl"),
+        Component("tensorboard", "rlcore.builtin.loggers:tensorboard", TensorboardOptions, "TensorBoard event files"),
+        Component("wandb", "rlcore.builtin.loggers:wandb", WandbOptions, "Weights & Biases (offline mode works without a network)"),
+    ]
+
+
+@hookimpl
+def rlcore_agent_loops():
+    return [
+        Component(
+            name="single_turn",
+            factory="rlcore.agent.single_turn:build",
+            options=SingleTurnOptions,
+            description="one generation per sample; the default",
+        )
+    ]
+
+
+@hookimpl
+def rlcore_policy_losses():
+    return [
+        Component(
+            name="ppo_clip",
+            factory="rlcore.algorithms.losses:build_ppo_clip",
+            options=PPOClipOptions,
+            description="PPO clipped surrogate with clip-higher and dual-clip",
+        )
+    ]
+
+
+@hookimpl
+def rlcore_reward_functions():
+    return [
+        Component(
+            name="python",
+            factory="rlcore.rewards:build_python_reward",
+            options=PythonRewardOptions,
+            description='a user function named as "python:file.py:function"',
+        )
+    ]

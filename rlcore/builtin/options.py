@@ -1,0 +1,45 @@
+"""Options models of the builtin components (kept apart so that listing them imports nothing heavy)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from rlcore.components import Options
+
+
+class LocalLauncherOptions(Options):
+    pass
+
+
+class ConsoleOptions(Options):
+    every: int = Field(1, ge=1, description="print a table of metrics every N steps")
+    live: bool = Field(True, description="a live progress bar when the terminal allows it")
+
+
+class JsonlOptions(Options):
+    filename: str = "metrics.jsonl"
+
+
+class TensorboardOptions(Options):
+    subdir: str = "tensorboard"
+
+
+class WandbOptions(Options):
+    project: str = "rlcore"
+    entity: str | None = None
+    mode: str = Field("offline", pattern="^(online|offline|disabled)$")
+    tags: list[str] = Field(default_factory=list)
+
+
+class SingleTurnOptions(Options):
+    pass
+
+
+class PPOClipOptions(Options):
+    clip_ratio_low: float = Field(0.2, ge=0.0, description="ratio floor is 1 - clip_ratio_low")
+    clip_ratio_high: float = Field(0.2, ge=0.0, description="ratio ceiling is 1 + clip_ratio_high (clip-higher: 0.28)")
+    clip_ratio_c: float | None = Field(3.0, gt=1.0, description="dual-clip constant for negative advantages; None disables")
+
+
+class PythonRewardOptions(Options):
+    target: str = Field(..., description="FILE.py:FUNCTION or package.module:FUNCTION")

@@ -1,0 +1,121 @@
+"""The typed record every hook returns, and the table of component kinds.
+
+A record travels with everything the manifest layer needs (name, options model,
+description, needs) and a *lazy* factory, so listing and validating plugins never
+imports torch, vllm or ray. The registry stamps each record with the distribution
+that provided it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Options(BaseModel):
+    """Base for a component's manifest options: unknown keys are rejected."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class NoOptions(Options):
+    """A component that takes no options."""
+
+
+# kind -> (hook name, one-line description). The order is the order of `rlcore plugins`.
+KINDS: dict[str, tuple[str, str]] = {
+    "rollout_engine": ("rlcore_rollout_engines", "generates responses from prompt token ids"),
+    "advantage_estimator": ("rlcore_advantage_estimators", "turns scores (and values) into per-token advantages"),
+    "policy_loss": ("rlcore_policy_losses", "the actor's per-token surrogate loss"),
+    "reward_function": ("rlcore_reward_functions", "scores a finished trajectory"),
+    "agent_loop": ("rlcore_agent_loops", "turns one prompt into trajectories by driving the engine (and tools)"),
+    "tool": ("rlcore_tools", "a function an agent may call during a rollout"),
+    "launcher": ("rlcore_launchers", "decides where the driver process runs"),
+    "metrics_sink": ("rlcore_metrics_sinks", "receives the metrics of every step"),
+}
+
+# Needs a component may declare; the trainer provisions the matching role.
+KNOWN_NEEDS = frozenset({"critic", "reference", "tokenizer", "actor_model"})
+
+
+@dataclass(frozen=True)
+class Component:
+    """One registered implementation of a component kind.
+
+    name:        the name a manifest uses (``engine = "hf"``).
+    factory:     ``"package.module:attr"`` or a callable. It is imported and called only
+                 when a run builds the component: ``factory(options, context)``.
+    options:     a pydantic model (subclass of :class:`Options`) for the component's
+                 manifest keys. Validated by ``rlcore validate`` without calling the factory.
+    description: one line for ``rlcore plugins``.
+    needs:       roles the component requires, e.g. ``{"critic"}`` for GAE.
+    kind, distribution, version: filled in by the registry, never by the plugin.
+    """
+
+    name: str
+    factory: str | Callable[..., Any]
+    options: type[BaseModel] = NoOptions
+    description: str = ""
+    needs: frozenset[str] = field(default_factory=frozenset)
+    kind: str = ""
+    distribution: str = ""
+    version: str = ""
+    plugin: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"component name must be a non-empty string, got {self.name!r}")
+        if not (callable(self.factory) or (isinstance(self.factory, str) and ":" in self.factory)):
+            raise TypeError(
+                f"component {self.name!r}: factory must be a callable or 'module:attribute', got {self.factory!r}"
+            )
+        if not (isinstance(self.options, type) and issubclass(self.options, BaseModel)):
+            raise TypeError(f"component {self.name!r}: options must be a pydantic model class")
+        object.__setattr__(self, "needs", frozenset(self.needs))
+        unknown = self.needs - KNOWN_NEEDS
+        if unknown:
+            raise TypeError(
+                f"component {self.name!r}: unknown needs {sorted(unknown)}; known: {sorted(KNOWN_NEEDS)}"
+            )
+
+    def stamped(self, **where: str) -> "Component":
+        return replace(self, **where)
+
+    @property
+    def provider(self) -> str:
+        return f"{self.distribution} {self.version}".strip() or "(unregistered)"
+
+    def load_factory(self) -> Callable[..., Any]:
+        """Import the factory (the first moment heavy modules may be imported)."""
+        if callable(self.factory):
+            return self.factory
+        module, _, attr = self.factory.partition(":")
+        obj: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    def build(self, options: BaseModel | dict | None = None, context: Any = None) -> Any:
+        """Validate ``options`` (a dict or an options instance) and call the factory."""
+        if not isinstance(options, self.options):
+            options = self.options.model_validate(options or {})
+        return self.load_factory()(options, context)
+
+
+@dataclass(frozen=True)
+class Command:
+    """An extra ``rlcore`` sub-command contributed by a plugin (hook ``rlcore_commands``)."""
+
+    name: str
+    help: str
+    run: str | Callable[..., int]
+    configure: Callable[..., None] | None = None
+
+    def load_run(self) -> Callable[..., int]:
+        if callable(self.run):
+            return self.run
+        module, _, attr = self.run.partition(":")
+        return getattr(importlib.import_module(module), attr)

@@ -1,0 +1,139 @@
+"""Hook specifications: the plugin author's reference manual.
+
+Every hook is plural and returns a list of :class:`rlcore.components.Component`
+records. Implement one with ``@rlcore.hookimpl`` in a module that your distribution
+names under the ``rlcore`` entry-point group::
+
+    # pyproject.toml
+    [project.entry-points.rlcore]
+    my_reward = "rlcore_my_reward.plugin"
+
+    # rlcore_my_reward/plugin.py  -- import nothing heavy here
+    import rlcore
+    from rlcore.components import Component, Options
+
+    class LengthOptions(Options):
+        target: int = 100
+
+    @rlcore.hookimpl
+    def rlcore_reward_functions():
+        return [Component(name="length", factory="rlcore_my_reward.impl:make",
+                          options=LengthOptions, description="rewards responses near a target length")]
+
+The factory is imported only when a run builds the component and is called as
+``factory(options, context)`` with the validated options and a
+:class:`rlcore.interfaces.BuildContext`. What it returns must satisfy the protocol for
+its kind in :mod:`rlcore.interfaces`. Hooks take no arguments today; arguments added
+later will be optional to declare, as pluggy allows.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+PROJECT = "rlcore"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def rlcore_rollout_engines() -> list:
+    """Rollout engines: objects with ``generate(prompts, params) -> list[list[Completion]]``,
+    ``update_weights(named_tensors)``, ``sleep()`` and ``wake_up()``
+    (:class:`rlcore.interfaces.RolloutEngine`).
+
+    Selected by ``[rollout] engine = "<name>"``; the engine's own options are the other
+    keys of ``[rollout]`` that the core does not define.
+
+    Example: ``Component(name="hf", factory="rlcore_rollout_hf.engine:build", options=HFOptions,
+    needs={"actor_model", "tokenizer"})``.
+    """
+
+
+@hookspec
+def rlcore_advantage_estimators() -> list:
+    """Advantage estimators: callables ``(AdvantageInput) -> (advantages, returns)``.
+
+    Selected by ``[algorithm] advantage = "<name>"``. Declare ``needs={"critic"}`` when the
+    estimator uses ``AdvantageInput.values``; the trainer then builds a critic.
+
+    Example: ``Component(name="grpo", factory="rlcore_algo_grpo.estimators:grpo", options=GRPOOptions)``.
+    """
+
+
+@hookspec
+def rlcore_policy_losses() -> list:
+    """Policy losses: callables ``(PolicyLossInput) -> (per_token_loss, metrics)``.
+
+    Selected by ``[algorithm] policy_loss = "<name>"``. The trainer aggregates the per-token
+    loss by ``[algorithm] loss_agg_mode`` and adds KL and entropy terms itself.
+
+    Example: ``Component(name="ppo_clip", factory="rlcore.algorithms.losses:ppo_clip", options=PPOClipOptions)``.
+    """
+
+
+@hookspec
+def rlcore_reward_functions() -> list:
+    """Reward functions: callables ``(RewardInput) -> float | RewardResult``.
+
+    Selected by ``[reward] function = "<name>"`` (or ``"python:path.py:function"`` for a
+    user's function, which needs no plugin). Run in worker threads under a time limit.
+
+    Example: ``Component(name="gsm8k", factory="rlcore_reward_rule.gsm8k:build", options=GSM8KOptions)``.
+    """
+
+
+@hookspec
+def rlcore_agent_loops() -> list:
+    """Agent loops: objects with ``run(prompts, engine, params) -> list[Trajectory]``.
+
+    Selected by ``[agent] loop = "<name>"`` (default ``single_turn``).
+
+    Example: ``Component(name="tool", factory="rlcore_agent.loop:build", options=ToolLoopOptions,
+    needs={"tokenizer"})``.
+    """
+
+
+@hookspec
+def rlcore_tools() -> list:
+    """Tools an agent loop may offer the model (:class:`rlcore.interfaces.Tool`).
+
+    Enabled by ``[tools.<name>]`` tables whose keys are the tool's options.
+
+    Example: ``Component(name="python", factory="rlcore_agent.python_tool:build", options=PythonToolOptions)``.
+    """
+
+
+@hookspec
+def rlcore_launchers() -> list:
+    """Launchers: objects with ``launch(LaunchRequest) -> int`` (an exit code).
+
+    Selected by ``[launcher] name = "<name>"`` (default ``local``); the launcher's options are
+    the other keys of ``[launcher]``.
+
+    Example: ``Component(name="slurm", factory="rlcore_launcher_slurm.launcher:build", options=SlurmOptions)``.
+    """
+
+
+@hookspec
+def rlcore_metrics_sinks() -> list:
+    """Metrics sinks: objects with ``log(metrics, step)`` and ``close()``.
+
+    Enabled by ``[trainer] loggers = ["console", "jsonl", ...]``; a sink's options live in
+    ``[loggers.<name>]``.
+
+    Example: ``Component(name="wandb", factory="rlcore.builtin.loggers:wandb_sink", options=WandbOptions)``.
+    """
+
+
+@hookspec
+def rlcore_commands() -> list:
+    """Extra ``rlcore`` sub-commands: a list of :class:`rlcore.components.Command` records.
+
+    ``configure(parser)`` adds the command's arguments to its argparse parser; ``run(args)``
+    (or ``"module:function"``) returns an exit code. Raise :class:`rlcore.errors.RlcoreError`
+    for expected failures.
+
+    Example: ``Command(name="jobs", help="list or cancel rlcore's SLURM jobs",
+    configure=add_jobs_arguments, run="rlcore_launcher_slurm.cli:jobs")``.
+    """

@@ -1,0 +1,233 @@
+"""What each component kind's object must do once its factory has built it.
+
+These are the contracts between the trainer and plugins. They import nothing heavy:
+tensors appear only in annotations. The conformance kits in :mod:`rlcore.testing`
+check a plugin's objects against them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Protocol, Sequence, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+
+# ----------------------------------------------------------------------------- rollout
+
+
+class SamplingParams(BaseModel):
+    """How to sample. Every engine must honour all of these fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n: int = Field(1, ge=1, description="samples per prompt")
+    temperature: float = Field(1.0, ge=0.0, description="0 means greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1, description="-1 or 0 disables top-k")
+    max_new_tokens: int = Field(256, ge=1)
+    stop_token_ids: list[int] = Field(default_factory=list, description="ends a sample (EOS ids go here)")
+    stop: list[str] = Field(default_factory=list, description="stop strings; the stop string is kept")
+    seed: int | None = None
+
+
+@dataclass
+class Completion:
+    """One sampled response. ``logprobs[i]`` is the sampling log-probability of ``token_ids[i]``
+    under the engine's (temperature-scaled) distribution."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length"] = "length"
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+        """Return ``params.n`` completions for each prompt, in prompt order."""
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None:
+        """Load new weights (Hugging Face parameter names) from the trainer."""
+
+    def sleep(self) -> None:
+        """Free what the engine can (KV cache, optionally weights) while the trainer runs."""
+
+    def wake_up(self) -> None:
+        """Undo :meth:`sleep`."""
+
+
+# ----------------------------------------------------------------------------- rewards
+
+
+@dataclass
+class RewardInput:
+    """What a reward function sees of one trajectory (verl's row fields)."""
+
+    response: str
+    prompt: str = ""
+    ground_truth: Any = None
+    data_source: str = ""
+    extra_info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RewardResult:
+    score: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class RewardFunction(Protocol):
+    def __call__(self, item: RewardInput) -> float | RewardResult:
+        """Score one trajectory. Raising or running past the time limit scores 0 (counted)."""
+
+
+# ----------------------------------------------------------------------------- algorithm
+
+
+@dataclass
+class AdvantageInput:
+    """Per-sample tensors an estimator may use; shapes are [B] or [B, T] (T = response length).
+
+    token_rewards: the score on each sequence's last response token, plus any per-token
+    KL penalty; zeros elsewhere. response_mask is 1 on model-generated tokens.
+    """
+
+    scores: "torch.Tensor"  # [B] float
+    token_rewards: "torch.Tensor"  # [B, T] float
+    response_mask: "torch.Tensor"  # [B, T] float/bool
+    group_ids: "torch.Tensor"  # [B] long: samples of one prompt share an id
+    values: "torch.Tensor | None" = None  # [B, T] critic values, when the estimator needs a critic
+
+
+class AdvantageEstimator(Protocol):
+    def __call__(self, batch: AdvantageInput) -> tuple["torch.Tensor", "torch.Tensor"]:
+        """Return ``(advantages, returns)``, both [B, T], zero where the mask is 0."""
+
+
+@dataclass
+class PolicyLossInput:
+    logprobs: "torch.Tensor"  # [B, T] current policy, requires grad
+    old_logprobs: "torch.Tensor"  # [B, T] policy that sampled (recomputed by the trainer)
+    advantages: "torch.Tensor"  # [B, T]
+    response_mask: "torch.Tensor"  # [B, T]
+    rollout_logprobs: "torch.Tensor | None" = None  # [B, T] from the engine, for importance correction
+
+
+class PolicyLoss(Protocol):
+    def __call__(self, batch: PolicyLossInput) -> tuple["torch.Tensor", dict[str, "torch.Tensor"]]:
+        """Return the per-token loss [B, T] (aggregated by the trainer) and metrics
+        (e.g. ``pg_clipfrac``, ``ppo_kl``) as scalar tensors."""
+
+
+# ----------------------------------------------------------------------------- agents and tools
+
+
+@dataclass
+class Prompt:
+    """One dataset row ready for rollout."""
+
+    token_ids: list[int]
+    messages: list[dict[str, Any]]
+    data_source: str = ""
+    ground_truth: Any = None
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    index: int = 0
+
+
+@dataclass
+class Trajectory:
+    """One finished rollout. ``response_mask[i]`` is 1 where ``response_ids[i]`` was generated
+    by the model (0 for tool output and template glue); ``rollout_logprobs`` is aligned with
+    ``response_ids`` (0.0 where the mask is 0)."""
+
+    prompt: Prompt
+    response_ids: list[int]
+    response_mask: list[int]
+    rollout_logprobs: list[float]
+    finish_reason: str = "length"
+    num_turns: int = 1
+    tool_calls: int = 0
+    tool_errors: int = 0
+    step_reward: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class AgentLoop(Protocol):
+    def run(self, prompts: Sequence[Prompt], engine: RolloutEngine, params: SamplingParams) -> list[Trajectory]:
+        """Return ``params.n`` trajectories per prompt, grouped by prompt, in prompt order."""
+
+
+@dataclass
+class ToolResult:
+    text: str
+    reward: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: bool = False
+
+
+class Tool(Protocol):
+    name: str
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function schema: ``{"type": "function", "function": {...}}``."""
+
+    async def create(self, trajectory_id: str) -> None: ...
+
+    async def execute(self, trajectory_id: str, arguments: dict[str, Any]) -> ToolResult: ...
+
+    async def release(self, trajectory_id: str) -> None: ...
+
+
+# ----------------------------------------------------------------------------- launchers and metrics
+
+
+@dataclass
+class LaunchRequest:
+    """Everything a launcher needs to start the driver elsewhere."""
+
+    manifest_path: str  # the manifest file as the user gave it
+    resolved_manifest: dict[str, Any]  # after overrides; what the driver must run
+    run_dir: str
+    resume: bool = False
+    dry_run: bool = False
+    argv: list[str] = field(default_factory=list)  # `rlcore run` arguments to repeat remotely
+
+
+class Launcher(Protocol):
+    def launch(self, request: LaunchRequest) -> int:
+        """Run (or submit and follow) the driver; return the process exit code."""
+
+
+class MetricsSink(Protocol):
+    def log(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# ----------------------------------------------------------------------------- build context
+
+
+@dataclass
+class BuildContext:
+    """What a factory receives beside its options. Fields a run has not set yet are None.
+
+    manifest: the resolved manifest (a plain dict). run_dir: the run's directory.
+    model_path / gguf_file / dtype / device / seed: from ``[model]`` and ``[run]``.
+    tokenizer: a transformers tokenizer, once loaded. actor: the trainer's actor module, so an
+    engine in the same process can share its parameters. sampling: the run's SamplingParams.
+    """
+
+    manifest: dict[str, Any] = field(default_factory=dict)
+    run_dir: str | None = None
+    model_path: str | None = None
+    gguf_file: str | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    tokenizer: Any = None
+    actor: Any = None
+    sampling: SamplingParams | None = None
+    extras: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,459 @@
+"""Reads, overrides and validates a manifest, collecting every problem before reporting.
+
+Order of precedence: the file, then environment variables (``RLCORE_<TABLE>__<KEY>=value``,
+read by pydantic-settings), then ``--set table.key=value``. Validation has two phases: the core
+tables (:mod:`rlcore.manifest.schema`), then each selected component's own options model.
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rlcore.components import Component
+from rlcore.errors import ManifestError, Problem, RlcoreError, did_you_mean
+from rlcore.manifest.locate import key_lines, line_of
+from rlcore.manifest.schema import COMPONENT_MAPS, COMPONENT_TABLES, Manifest
+from rlcore.registry import Registry
+
+_TOML_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
+
+
+@dataclass
+class Selected:
+    """One component chosen by the manifest, with its validated options."""
+
+    role: str  # e.g. "rollout.engine", "tools.python"
+    component: Component
+    options: BaseModel
+
+
+@dataclass
+class ResolvedManifest:
+    path: Path
+    raw: dict[str, Any]  # after overrides, paths resolved
+    core: Manifest
+    selected: dict[str, Selected] = field(default_factory=dict)
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent
+
+    def component(self, role: str) -> Selected:
+        return self.selected[role]
+
+    def roles(self, prefix: str) -> list[Selected]:
+        return [s for role, s in self.selected.items() if role.startswith(prefix + ".")]
+
+    def versions(self) -> dict[str, str]:
+        """distribution -> version of every plugin the run uses."""
+        return {s.component.distribution: s.component.version for s in self.selected.values()}
+
+    def resolved_dict(self) -> dict[str, Any]:
+        """The full manifest with defaults filled in, as written to the run directory."""
+        out = self.core.model_dump(mode="json", exclude_none=True)
+        for role, sel in self.selected.items():
+            table, _, rest = role.partition(".")
+            opts = sel.options.model_dump(mode="json", exclude_none=True)
+            if table in COMPONENT_MAPS:
+                out.setdefault(table, {})[rest] = opts
+            else:
+                out[table].update(opts)
+        out["plugins"] = {
+            role: {"name": s.component.name, "distribution": s.component.distribution, "version": s.component.version}
+            for role, s in self.selected.items()
+        }
+        return out
+
+
+# ----------------------------------------------------------------------------- overrides
+
+
+def parse_value(text: str) -> Any:
+    """A TOML value (``0.7``, ``true``, ``[1, 2]``, ``"x"``), or the text itself as a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _set_dotted(doc: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = doc
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = node[part] = {}
+        node = child
+    node[parts[-1]] = value
+
+
+def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _deep_merge(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+    return base
+
+
+class _EnvOverrides(BaseSettings):
+    """Environment overrides: ``RLCORE_ROLLOUT__TEMPERATURE=0.7`` sets ``rollout.temperature``."""
+
+    model_config = SettingsConfigDict(env_prefix="RLCORE_", env_nested_delimiter="__", extra="ignore")
+
+    run: dict[str, Any] | None = None
+    model: dict[str, Any] | None = None
+    data: dict[str, Any] | None = None
+    rollout: dict[str, Any] | None = None
+    reward: dict[str, Any] | None = None
+    algorithm: dict[str, Any] | None = None
+    critic: dict[str, Any] | None = None
+    trainer: dict[str, Any] | None = None
+    agent: dict[str, Any] | None = None
+    tools: dict[str, Any] | None = None
+    loggers: dict[str, Any] | None = None
+    launcher: dict[str, Any] | None = None
+
+
+def _parse_leaves(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _parse_leaves(v) for k, v in node.items()}
+    return parse_value(node) if isinstance(node, str) else node
+
+
+def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    if environ is None:
+        settings = _EnvOverrides()
+    else:
+        old = dict(os.environ)
+        try:
+            os.environ.clear()
+            os.environ.update(environ)
+            settings = _EnvOverrides()
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+    return {k: _parse_leaves(v) for k, v in settings.model_dump(exclude_none=True).items()}
+
+
+# ----------------------------------------------------------------------------- paths
+
+
+def resolve_path(value: str, base_dir: Path) -> str:
+    """``package:NAME`` is an installed package's directory; a relative path that exists is taken
+    relative to the manifest; anything else (a hub id, ``synthetic:...``) is left as it is."""
+    if value.startswith("package:"):
+        spec = importlib.util.find_spec(value.removeprefix("package:"))
+        if spec is None or not spec.submodule_search_locations:
+            raise RlcoreError(f"package {value.removeprefix('package:')!r} is not installed")
+        return str(Path(list(spec.submodule_search_locations)[0]))
+    if ":" in value.split("/")[0] and not Path(value).exists():
+        return value  # a scheme such as synthetic:addition
+    candidate = Path(value).expanduser()
+    if not candidate.is_absolute():
+        candidate = base_dir / candidate
+    looks_local = value.startswith(("/", "./", "../", "~")) or candidate.exists()
+    return str(candidate.resolve()) if looks_local else value
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+class _Collector:
+    def __init__(self, path: Path, lines: dict[str, int], overridden: set[str]):
+        self.path, self.lines, self.overridden, self.problems = path, lines, overridden, []
+
+    def add(self, key: str, message: str) -> None:
+        origin = next((o for o in self.overridden if key == o or key.startswith(o + ".")), None)
+        if origin is not None:
+            message += " (from an override)"
+            line = None
+        else:
+            line = line_of(self.lines, key)
+        self.problems.append(Problem(key=key, message=message, line=line, file=str(self.path)))
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _pydantic_problems(col: _Collector, exc: ValidationError, prefix: str, model: type[BaseModel] | None = None) -> None:
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        key = ".".join([p for p in [prefix, *loc] if p])
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            parent = _model_at(model, loc[:-1]) if model else None
+            fields = sorted(parent.model_fields) if parent else []
+            hint = did_you_mean(loc[-1], fields)
+            msg = "unknown key" + (f"; did you mean {hint!r}?" if hint else "")
+            if fields:
+                msg += " Expected one of: " + ", ".join(fields)
+        elif kind == "missing":
+            msg = "required key is missing"
+        else:
+            msg = f"{err['msg']}; got {_describe(err.get('input'))}"
+        col.add(key, msg)
+
+
+def _model_at(model: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:
+    current: Any = model
+    for part in loc:
+        fld = getattr(current, "model_fields", {}).get(part)
+        if fld is None:
+            return None
+        current = fld.annotation
+        args = getattr(current, "__args__", None)
+        if args:  # Optional[Model]
+            current = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), current)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def load_manifest(
+    path: str | os.PathLike[str],
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    registry: Registry | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ResolvedManifest:
+    """Read, override and validate a manifest; raise :class:`ManifestError` with every problem."""
+    path = Path(path)
+    shown = path
+    if not path.is_file():
+        raise ManifestError([Problem("", "no such manifest file" if not path.exists() else "not a file", file=str(shown))])
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ManifestError([Problem("", f"cannot read the file: {exc}", file=str(shown))]) from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        match = _TOML_POSITION.search(str(exc))
+        line = int(match.group(1)) if match else None
+        message = _TOML_POSITION.sub("", str(exc)).strip()
+        if match:
+            message += f" (column {match.group(2)})"
+        raise ManifestError([Problem("", f"invalid TOML: {message}", line=line, file=str(shown))]) from None
+
+    col = _Collector(shown, key_lines(text), set())
+    env = env_overrides(environ)
+    for table, values in env.items():
+        for key in _flatten(values, table):
+            col.overridden.add(key)
+    _deep_merge(doc, env)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not re.fullmatch(r"[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*", key):
+            col.problems.append(Problem("", f"--set expects TABLE.KEY=VALUE, got {item!r}", file="<command line>"))
+            continue
+        col.overridden.add(key)
+        _set_dotted(doc, key, parse_value(value.strip()))
+    if col.problems:
+        raise ManifestError(col.problems)
+    return validate_document(doc, path.resolve(), col, registry or Registry.discover())
+
+
+def _flatten(values: Any, prefix: str) -> list[str]:
+    if isinstance(values, dict):
+        return [k for key, v in values.items() for k in _flatten(v, f"{prefix}.{key}")]
+    return [prefix]
+
+
+def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry: Registry) -> ResolvedManifest:
+    base_dir = path.parent
+    core_doc = copy.deepcopy(doc)
+    extras: dict[str, dict[str, Any]] = {}
+
+    # Phase 1: the core tables, with each component table's extra keys set aside.
+    for table, selectors in COMPONENT_TABLES.items():
+        value = core_doc.get(table)
+        if isinstance(value, dict):
+            model = Manifest.model_fields[table].annotation
+            core_keys = set(model.model_fields)  # type: ignore[union-attr]
+            extras[table] = {k: value.pop(k) for k in list(value) if k not in core_keys}
+    for table in Manifest.model_fields:
+        if table in core_doc and not isinstance(core_doc[table], dict):
+            col.add(table, f"expected a table [{table}], got {_describe(core_doc[table])}")
+            core_doc.pop(table)
+    core: Manifest | None = None
+    try:
+        core = Manifest.model_validate(core_doc)
+    except ValidationError as exc:
+        _pydantic_problems(col, exc, "", Manifest)
+
+    # Phase 2: every component the manifest selects, with its own options.
+    selected: dict[str, Selected] = {}
+    for table, selectors in COMPONENT_TABLES.items():
+        table_doc = doc.get(table) if isinstance(doc.get(table), dict) else {}
+        table_model = Manifest.model_fields[table].annotation
+        chosen: list[tuple[str, str, Component]] = []
+        for field_name, kind in selectors:
+            name = table_doc.get(field_name, table_model.model_fields[field_name].default)  # type: ignore[union-attr]
+            if not isinstance(name, str) or name is ... or not name:
+                continue  # phase 1 reported it
+            component, options_seed = _lookup(registry, kind, name, base_dir, col, f"{table}.{field_name}")
+            if component is not None:
+                chosen.append((field_name, kind, component))
+                extras.setdefault(table, {}).update({k: v for k, v in options_seed.items() if k not in extras.get(table, {})})
+        _validate_table_options(col, registry, table, extras.get(table, {}), chosen, selected)
+
+    for table, kind in COMPONENT_MAPS.items():
+        entries = doc.get(table)
+        if not isinstance(entries, dict):
+            continue
+        for name, options in entries.items():
+            key = f"{table}.{name}"
+            if not isinstance(options, dict):
+                col.add(key, f"expected a table [{key}] of options, got {_describe(options)}")
+                continue
+            component, seed = _lookup(registry, kind, name, base_dir, col, key, options=options)
+            if component is None:
+                continue
+            _validate_options(col, component, {**seed, **options}, key, selected, role=key)
+    if core is not None:
+        for name in core.trainer.loggers:
+            if f"loggers.{name}" not in selected:
+                component, _ = _lookup(registry, "metrics_sink", name, base_dir, col, "trainer.loggers")
+                if component is not None:
+                    _validate_options(col, component, {}, f"loggers.{name}", selected, role=f"loggers.{name}")
+        for name in core.loggers:
+            if name not in core.trainer.loggers:
+                col.add(f"loggers.{name}", f"options are given for logger {name!r} but trainer.loggers does not enable it")
+
+    if col.problems:
+        raise ManifestError(col.problems)
+    assert core is not None
+    _resolve_paths(core, base_dir, col)
+    if col.problems:
+        raise ManifestError(col.problems)
+    return ResolvedManifest(path=path, raw=doc, core=core, selected=selected)
+
+
+def _lookup(
+    registry: Registry, kind: str, name: str, base_dir: Path, col: _Collector, key: str, options: dict | None = None
+) -> tuple[Component | None, dict[str, Any]]:
+    """Find a component; ``python:file.py:function`` names map to the kind's builtin ``python``
+    component (and a tool table with a ``function`` key to the builtin ``function`` tool)."""
+    seed: dict[str, Any] = {}
+    lookup_name = name
+    if name.startswith("python:") and kind in ("reward_function", "tool"):
+        target = name.removeprefix("python:")
+        file_part, sep, func = target.rpartition(":")
+        if not sep or not file_part or not func:
+            col.add(key, f"expected 'python:FILE.py:FUNCTION' or 'python:package.module:FUNCTION', got {name!r}")
+            return None, seed
+        if file_part.endswith(".py"):
+            file_path = Path(file_part) if Path(file_part).is_absolute() else base_dir / file_part
+            if not file_path.is_file():
+                col.add(key, f"python file {str(file_path)!r} does not exist")
+                return None, seed
+            file_part = str(file_path)
+        lookup_name, seed = "python", {"target": f"{file_part}:{func}"}
+    elif kind == "tool" and options and "function" in options and name not in registry.components(kind):
+        lookup_name = "function"
+    try:
+        return registry.get(kind, lookup_name), seed
+    except RlcoreError as exc:
+        col.add(key, str(exc))
+        return None, seed
+
+
+def _validate_table_options(
+    col: _Collector,
+    registry: Registry,
+    table: str,
+    extras: dict[str, Any],
+    chosen: list[tuple[str, str, Component]],
+    selected: dict[str, Selected],
+) -> None:
+    """Give each extra key of a component table to the component(s) whose options declare it."""
+    per_component: dict[str, dict[str, Any]] = {f: {} for f, _, _ in chosen}
+    for key, value in extras.items():
+        owners = [f for f, _, c in chosen if key in c.options.model_fields]
+        if owners:
+            for f in owners:
+                per_component[f][key] = value
+            continue
+        if not chosen:
+            continue  # the selector itself failed; reported already
+        descriptions = []
+        all_fields: list[str] = list(Manifest.model_fields[table].annotation.model_fields)  # type: ignore[union-attr]
+        for f, kind, c in chosen:
+            fields = sorted(c.options.model_fields)
+            all_fields += fields
+            descriptions.append(
+                f"{kind.replace('_', ' ')} {c.name!r} takes " + (", ".join(fields) if fields else "no options")
+            )
+        message = "unknown key: " + "; ".join(descriptions)
+        others = [
+            o.name
+            for _, kind, c in chosen
+            for o in registry.components(kind).values()
+            if o.name != c.name and key in o.options.model_fields
+        ]
+        if others:
+            message = f"{key!r} is an option of {chosen[0][1].replace('_', ' ')} {others[0]!r}, not of the selected one. " + message
+        else:
+            hint = did_you_mean(key, all_fields)
+            if hint:
+                message += f"; did you mean {hint!r}?"
+        col.add(f"{table}.{key}", message)
+    for f, kind, c in chosen:
+        _validate_options(col, c, per_component[f], table, selected, role=f"{table}.{f}", forbid_extra=False)
+
+
+def _validate_options(
+    col: _Collector,
+    component: Component,
+    options: dict[str, Any],
+    prefix: str,
+    selected: dict[str, Selected],
+    *,
+    role: str,
+    forbid_extra: bool = True,
+) -> None:
+    try:
+        value = component.options.model_validate(options)
+    except ValidationError as exc:
+        _pydantic_problems(col, exc, prefix, component.options if forbid_extra else None)
+        return
+    selected[role] = Selected(role=role, component=component, options=value)
+
+
+def _resolve_paths(core: Manifest, base_dir: Path, col: _Collector) -> None:
+    for key, getter, setter in (
+        ("model.path", lambda: core.model.path, lambda v: setattr(core.model, "path", v)),
+        ("model.tokenizer", lambda: core.model.tokenizer, lambda v: setattr(core.model, "tokenizer", v)),
+        ("data.train", lambda: core.data.train, lambda v: setattr(core.data, "train", v)),
+        ("data.val", lambda: core.data.val, lambda v: setattr(core.data, "val", v)),
+    ):
+        value = getter()
+        if value is None:
+            continue
+        try:
+            resolved = resolve_path(value, base_dir)
+        except RlcoreError as exc:
+            col.add(key, str(exc))
+            continue
+        if value.startswith(("/", "./", "../", "~")) and not Path(resolved).exists():
+            col.add(key, f"path {resolved!r} does not exist")
+            continue
+        setter(resolved)
+    out = Path(core.run.output_dir).expanduser()
+    core.run.output_dir = str(out if out.is_absolute() else (base_dir / out).resolve())
+    if core.model.gguf_file and Path(core.model.path).is_dir() and not (Path(core.model.path) / core.model.gguf_file).is_file():
+        available = sorted(p.name for p in Path(core.model.path).glob("*.gguf"))
+        col.add("model.gguf_file", f"no file {core.model.gguf_file!r} in {core.model.path}; available: {', '.join(available) or 'none'}")

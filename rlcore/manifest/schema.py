@@ -1,0 +1,149 @@
+"""The core tables of a manifest. Unknown keys are rejected, except in the tables that select a
+component (``[rollout]``, ``[reward]``, ``[algorithm]``, ``[agent]``, ``[launcher]``), where keys the
+core does not define are that component's options and are validated by its own model."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Table(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class RunTable(Table):
+    name: str = Field("run", min_length=1, description="name of the run; its directory is output_dir/name")
+    seed: int = Field(1, ge=0)
+    output_dir: str = Field("runs", description="parent directory of run directories (relative to the manifest)")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks cuda when available")
+    deterministic: bool = Field(False, description="deterministic torch algorithms (slower; for exact resume)")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
+
+
+class LoraTable(Table):
+    rank: int = Field(16, ge=1)
+    alpha: float = Field(32.0, gt=0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+
+class ModelTable(Table):
+    path: str = Field(..., min_length=1, description="a Hugging Face model directory or hub id (relative to the manifest)")
+    gguf_file: str | None = Field(None, description="a GGUF file inside `path` to load the model from")
+    tokenizer: str | None = Field(None, description="tokenizer path, when it differs from `path`")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    trust_remote_code: bool = False
+    gradient_checkpointing: bool = False
+    attn_implementation: str | None = None
+    lora: LoraTable | None = None
+
+
+class DataTable(Table):
+    train: str = Field(..., min_length=1, description="parquet or jsonl file (relative to the manifest), or synthetic:<task>")
+    val: str | None = Field(None, description="validation set, same formats")
+    prompts_per_step: int = Field(16, ge=1)
+    max_prompt_tokens: int = Field(512, ge=1)
+    max_response_tokens: int = Field(256, ge=1)
+    val_max_prompts: int | None = Field(None, ge=1, description="evaluate on at most this many validation prompts")
+    shuffle: bool = True
+    prompt_key: str = "prompt"
+
+
+class RolloutTable(Table):
+    model_config = ConfigDict(extra="allow")
+
+    engine: str = Field("hf", description="a registered rollout engine")
+    samples_per_prompt: int = Field(1, ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)
+    stop: list[str] = Field(default_factory=list, description="stop strings (EOS always stops)")
+    val_temperature: float = Field(0.0, ge=0.0, description="sampling temperature during validation")
+    val_samples_per_prompt: int = Field(1, ge=1)
+
+
+class RewardTable(Table):
+    model_config = ConfigDict(extra="allow")
+
+    function: str = Field(..., min_length=1, description='a registered reward function, or "python:file.py:function"')
+    timeout_s: float = Field(10.0, gt=0, description="a call running longer scores 0 and is counted")
+    workers: int = Field(8, ge=1)
+
+
+class AlgorithmTable(Table):
+    model_config = ConfigDict(extra="allow")
+
+    advantage: str = Field("grpo", description="a registered advantage estimator")
+    policy_loss: str = Field("ppo_clip", description="a registered policy loss")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    kl_coef: float = Field(0.0, ge=0.0, description="weight of the KL to the reference policy (0 = no reference)")
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_in_reward: bool = Field(False, description="apply KL as a per-token reward penalty instead of a loss term")
+    entropy_coef: float = Field(0.0, ge=0.0)
+    ppo_epochs: int = Field(1, ge=1)
+    mini_batches: int = Field(1, ge=1, description="optimizer steps per rollout batch")
+    tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling cap between rollout and trainer log-probs")
+
+
+class CriticTable(Table):
+    lr: float = Field(1e-5, gt=0)
+    value_clip: float = Field(0.5, gt=0, description="clip range of the value loss")
+    value_coef: float = Field(0.5, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+
+
+class TrainerTable(Table):
+    steps: int = Field(..., ge=1)
+    lr: float = Field(1e-6, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = Field(1.0, gt=0)
+    micro_batch_tokens: int = Field(8192, ge=1, description="token budget of one forward/backward")
+    save_every: int = Field(0, ge=0, description="0 = only at the end")
+    keep_checkpoints: int = Field(2, ge=1)
+    eval_every: int = Field(0, ge=0, description="0 = only before and after training")
+    eval_before_train: bool = True
+    loggers: list[str] = Field(default_factory=lambda: ["console", "jsonl"])
+    export_final: bool = Field(False, description="write the final model as a plain Hugging Face directory")
+
+
+class AgentTable(Table):
+    model_config = ConfigDict(extra="allow")
+
+    loop: str = Field("single_turn", description="a registered agent loop")
+
+
+class LauncherTable(Table):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field("local", description="a registered launcher")
+
+
+class Manifest(Table):
+    run: RunTable = Field(default_factory=RunTable)
+    model: ModelTable
+    data: DataTable
+    rollout: RolloutTable = Field(default_factory=RolloutTable)
+    reward: RewardTable
+    algorithm: AlgorithmTable = Field(default_factory=AlgorithmTable)
+    critic: CriticTable = Field(default_factory=CriticTable)
+    trainer: TrainerTable
+    agent: AgentTable = Field(default_factory=AgentTable)
+    tools: dict[str, dict] = Field(default_factory=dict, description="[tools.<name>] tables: options of each tool")
+    loggers: dict[str, dict] = Field(default_factory=dict, description="[loggers.<name>] tables: options of each sink")
+    launcher: LauncherTable = Field(default_factory=LauncherTable)
+
+
+# Tables whose extra keys belong to a component: table -> [(core field naming it, kind)].
+COMPONENT_TABLES: dict[str, list[tuple[str, str]]] = {
+    "rollout": [("engine", "rollout_engine")],
+    "reward": [("function", "reward_function")],
+    "algorithm": [("advantage", "advantage_estimator"), ("policy_loss", "policy_loss")],
+    "agent": [("loop", "agent_loop")],
+    "launcher": [("name", "launcher")],
+}
+# Tables of named sub-tables, each one a component: table -> kind.
+COMPONENT_MAPS: dict[str, str] = {"tools": "tool", "loggers": "metrics_sink"}
