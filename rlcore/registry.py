@@ -37,6 +37,7 @@ FIRST_PARTY: dict[tuple[str, str], str] = {
     **{("reward_function", n): "rlcore-reward-rule" for n in ("gsm8k", "math", "exact_match", "format")},
     ("agent_loop", "tool"): "rlcore-agent",
     ("tool", "python"): "rlcore-agent",
+    ("tool", "function"): "rlcore-agent",
     ("launcher", "slurm"): "rlcore-launcher-slurm",
     ("launcher", "ray"): "rlcore-launcher-ray",
 }

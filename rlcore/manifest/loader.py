@@ -307,7 +307,8 @@ def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry
             component, options_seed = _lookup(registry, kind, name, base_dir, col, f"{table}.{field_name}")
             if component is not None:
                 chosen.append((field_name, kind, component))
-                extras.setdefault(table, {}).update({k: v for k, v in options_seed.items() if k not in extras.get(table, {})})
+                for key, value in options_seed.items():
+                    extras.setdefault(table, {}).setdefault(key, value)
         _validate_table_options(col, registry, table, extras.get(table, {}), chosen, selected)
 
     for table, kind in COMPONENT_MAPS.items():
@@ -345,11 +346,11 @@ def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry
 def _lookup(
     registry: Registry, kind: str, name: str, base_dir: Path, col: _Collector, key: str, options: dict | None = None
 ) -> tuple[Component | None, dict[str, Any]]:
-    """Find a component; ``python:file.py:function`` names map to the kind's builtin ``python``
-    component (and a tool table with a ``function`` key to the builtin ``function`` tool)."""
+    """Find a component. A reward named ``python:file.py:function`` maps to the builtin ``python``
+    reward; a ``[tools.NAME]`` table with a ``function`` key maps to the ``function`` tool."""
     seed: dict[str, Any] = {}
     lookup_name = name
-    if name.startswith("python:") and kind in ("reward_function", "tool"):
+    if name.startswith("python:") and kind == "reward_function":
         target = name.removeprefix("python:")
         file_part, sep, func = target.rpartition(":")
         if not sep or not file_part or not func:

@@ -1,0 +1,34 @@
+"""What every launcher shares: the manifest a remote driver runs, and the command that runs it.
+
+A launcher that starts the driver elsewhere (a Ray job, a SLURM allocation) writes the manifest
+with every override applied and paths made absolute, switched to the ``local`` launcher so the
+driver does not launch again, and runs ``python -m rlcore run <that file>`` there.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import tomli_w
+
+from rlcore.interfaces import LaunchRequest
+
+
+def write_driver_manifest(request: LaunchRequest, directory: str | Path | None = None) -> Path:
+    """Write the driver's manifest into ``directory`` (default: ``<run_dir>/launch``), atomically."""
+    directory = Path(directory or Path(request.run_dir) / "launch")
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / "manifest.toml"
+    tmp = target.with_suffix(".toml.tmp")
+    tmp.write_text(tomli_w.dumps(request.resolved_manifest), encoding="utf-8")
+    tmp.replace(target)
+    return target
+
+
+def driver_command(request: LaunchRequest, manifest_file: str | Path, python: str | None = None) -> list[str]:
+    """The argv that runs the driver for ``request`` on the machine that reads ``manifest_file``."""
+    argv = [python or sys.executable, "-m", "rlcore", "run", str(manifest_file)]
+    if request.resume:
+        argv.append("--resume")
+    return argv
