@@ -38,7 +38,8 @@ KINDS: dict[str, tuple[str, str]] = {
 }
 
 # Needs a component may declare; the trainer provisions the matching role.
-KNOWN_NEEDS = frozenset({"critic", "reference", "tokenizer", "actor_model"})
+# "groups": the component is meaningless with one sample per prompt (group baselines).
+KNOWN_NEEDS = frozenset({"critic", "reference", "tokenizer", "actor_model", "groups"})
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,293 @@
+"""The ``rlcore`` command line. Importing it stays light: torch loads only when a run starts.
+
+Exit codes: 0 success, 2 invalid manifest or usage, 1 a failed run. Expected errors
+(:class:`rlcore.errors.RlcoreError`) print one message without a traceback; unexpected ones print
+the traceback and suggest retrying without external plugins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from rlcore import __version__
+from rlcore.errors import RlcoreError, UsageError
+
+_console = None
+
+
+def console():
+    global _console
+    if _console is None:
+        from rich.console import Console
+
+        _console = Console(stderr=False, highlight=False, soft_wrap=True)
+    return _console
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(str(text))
+
+
+def _registry(args: argparse.Namespace):
+    from rlcore.registry import Registry
+
+    if getattr(args, "no_plugins", False):
+        return Registry.discover(external=False)
+    return Registry.discover()
+
+
+def _load(args: argparse.Namespace, registry=None):
+    from rlcore.manifest.loader import load_manifest
+
+    return load_manifest(args.manifest, args.set or [], registry=registry or _registry(args))
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    manifest = _load(args)
+    from rlcore.manifest.checks import check_resolved
+
+    for warning in check_resolved(manifest):
+        console().print(f"[yellow]warning:[/] {_escape(warning)}")
+    if args.print:
+        import tomli_w
+
+        console().print(tomli_w.dumps(manifest.resolved_dict()), markup=False)
+    used = ", ".join(f"{role}={s.component.name} ({s.component.provider})" for role, s in manifest.selected.items())
+    console().print(f"[green]ok[/] {_escape(args.manifest)}: {_escape(used)}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    registry = _registry(args)
+    manifest = _load(args, registry)
+    from rlcore.manifest.checks import check_resolved
+
+    for warning in check_resolved(manifest):
+        console().print(f"[yellow]warning:[/] {_escape(warning)}")
+    from rlcore.interfaces import LaunchRequest
+
+    run_dir = Path(args.run_dir) if args.run_dir else Path(manifest.core.run.output_dir) / manifest.core.run.name
+    request = LaunchRequest(
+        manifest_path=str(manifest.path),
+        resolved_manifest=_driver_document(manifest),
+        run_dir=str(run_dir.resolve()),
+        resume=args.resume,
+        dry_run=args.dry_run,
+        argv=list(sys.argv[1:]),
+    )
+    selected = manifest.component("launcher.name")
+    launcher = selected.component.build(selected.options, manifest)
+    return int(launcher.launch(request) or 0)
+
+
+def _driver_document(manifest) -> dict[str, Any]:
+    """The manifest a remote driver runs: overrides applied, paths absolute, launcher local."""
+    import copy
+
+    doc = copy.deepcopy(manifest.raw)
+    core = manifest.core
+    doc.setdefault("model", {})["path"] = core.model.path
+    if core.model.tokenizer:
+        doc["model"]["tokenizer"] = core.model.tokenizer
+    doc.setdefault("data", {})["train"] = core.data.train
+    if core.data.val:
+        doc["data"]["val"] = core.data.val
+    doc.setdefault("run", {})["output_dir"] = core.run.output_dir
+    reward = manifest.selected.get("reward.function")
+    if reward is not None and reward.component.name == "python" and str(doc["reward"].get("function", "")).startswith("python:"):
+        doc["reward"]["function"] = "python:" + reward.options.target
+    doc["launcher"] = {"name": "local"}
+    return doc
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    registry = _registry(args)
+    infos = registry.plugin_infos()
+    conflicts = registry.conflicts()
+    if args.json:
+        payload = {
+            "plugins": [i.as_dict() for i in infos],
+            "conflicts": [{"kind": k, "name": n, "providers": p} for (k, n), p in conflicts.items()],
+        }
+        print(json.dumps(payload, indent=2))
+        return 0
+    from rich.table import Table
+
+    table = Table(title="rlcore plugins", show_lines=False)
+    for column in ("plugin", "distribution", "version", "status", "provides"):
+        table.add_column(column)
+    for info in infos:
+        provides = "\n".join(f"{kind}: {', '.join(names)}" for kind, names in info.components.items())
+        status = {"ok": "[green]ok[/]", "broken": "[red]broken[/]", "disabled": "[dim]disabled[/]"}[info.status]
+        table.add_row(info.name, info.distribution, info.version, status, _escape(provides or info.error))
+    console().print(table)
+    for info in infos:
+        if info.status == "broken":
+            console().print(f"[red]broken:[/] {info.name} ({info.distribution} {info.version}): {_escape(info.error)}")
+    for (kind, name), providers in conflicts.items():
+        console().print(f"[red]conflict:[/] {kind} {name!r} is provided by {' and '.join(providers)}")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from rlcore.manifest.jsonschema import manifest_json_schema
+
+    print(json.dumps(manifest_json_schema(_registry(args)), indent=2))
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from rlcore.manifest.starter import STARTER
+
+    target = Path(args.path)
+    if target.exists() and not args.force:
+        raise UsageError(f"{target} exists; pass --force to overwrite it")
+    target.write_text(STARTER, encoding="utf-8")
+    console().print(f"wrote {target}; check it with: rlcore validate {target}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def _add_manifest_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("manifest", help="the run's TOML manifest")
+    parser.add_argument(
+        "--set", action="append", metavar="TABLE.KEY=VALUE", help="override a manifest value (repeatable); VALUE is TOML"
+    )
+
+
+def build_parser(registry=None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlcore", description="RL post-training for LLMs from one TOML manifest.")
+    parser.add_argument("--version", action="version", version=f"rlcore {__version__}")
+    parser.add_argument("--no-plugins", action="store_true", help="ignore external plugins (also RLCORE_NO_PLUGINS=1)")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for expected errors too")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("run", help="run a manifest")
+    _add_manifest_args(p)
+    p.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
+    p.add_argument("--dry-run", action="store_true", help="show what the launcher would do, without running")
+    p.add_argument("--run-dir", help="the run directory (default: run.output_dir/run.name)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("validate", help="validate a manifest without importing torch or starting anything")
+    _add_manifest_args(p)
+    p.add_argument("--print", action="store_true", help="print the resolved manifest")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("plugins", help="list installed plugins and their components")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plugins)
+
+    p = sub.add_parser("schema", help="print a JSON Schema of the manifest, installed plugins included")
+    p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser("init", help="write a commented starter manifest")
+    p.add_argument("path", nargs="?", default="rlcore.toml")
+    p.add_argument("--force", action="store_true")
+    p.set_defaults(func=cmd_init)
+
+    for name, help_text, target in _core_commands():
+        p = sub.add_parser(name, help=help_text)
+        _mount(p, target)
+
+    if registry is not None:
+        for command in registry.commands():
+            if command.name in sub.choices:
+                continue
+            p = sub.add_parser(command.name, help=command.help)
+            if command.configure is not None:
+                command.configure(p)
+            p.set_defaults(func=_plugin_runner(command))
+    return parser
+
+
+def _core_commands() -> list[tuple[str, str, str]]:
+    """Core sub-commands implemented in their own modules: (name, help, "module")."""
+    return [
+        ("data", "prepare datasets (GSM8K conversion, synthetic tasks)", "rlcore.data.cli"),
+        ("serve", "serve a manifest's rollout engine as an OpenAI-compatible endpoint", "rlcore.serve.cli"),
+    ]
+
+
+def _mount(parser: argparse.ArgumentParser, module_name: str) -> None:
+    import importlib
+
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        parser.set_defaults(func=lambda args, _e=exc: _unavailable(module_name, _e))
+        return
+    module.configure(parser)
+    parser.set_defaults(func=module.run)
+
+
+def _unavailable(module_name: str, exc: Exception) -> int:
+    raise RlcoreError(f"this command is unavailable: {module_name} failed to import ({exc})")
+
+
+def _plugin_runner(command):
+    def run(args: argparse.Namespace) -> int:
+        return int(command.load_run()(args) or 0)
+
+    return run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    _configure_logging(debug)
+    try:
+        registry = None
+        if argv and argv[0] not in ("run", "validate", "plugins", "schema", "init", "-h", "--help", "--version"):
+            from rlcore.registry import Registry
+
+            registry = Registry.discover(external="--no-plugins" not in argv)
+        parser = build_parser(registry)
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        if args.no_plugins:
+            os.environ["RLCORE_NO_PLUGINS"] = "1"
+        return int(args.func(args) or 0)
+    except RlcoreError as exc:
+        if debug:
+            raise
+        from rich.markup import escape
+
+        console().print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        console().print("[yellow]interrupted[/]")
+        return 130
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        console().print(
+            "[bold red]unexpected error[/] (a bug in rlcore or a plugin). "
+            "If a plugin may be the cause, retry with --no-plugins or RLCORE_DISABLE_PLUGINS=name."
+        )
+        return 1
+
+
+def _configure_logging(debug: bool) -> None:
+    from loguru import logger
+
+    logger.remove()
+    level = "DEBUG" if debug else os.environ.get("RLCORE_LOG_LEVEL", "INFO")
+    logger.add(sys.stderr, level=level, format="<dim>{time:HH:mm:ss}</dim> <level>{level: <7}</level> {message}")

@@ -1,0 +1,52 @@
+"""Checks across tables, run after every table validated on its own (still without torch)."""
+
+from __future__ import annotations
+
+from rlcore.errors import ManifestError, Problem
+from rlcore.manifest.loader import ResolvedManifest
+from rlcore.manifest.locate import key_lines, line_of
+
+
+def check_resolved(manifest: ResolvedManifest) -> list[str]:
+    """Raise ManifestError for combinations that cannot train; return warnings for dubious ones."""
+    core = manifest.core
+    try:
+        lines = key_lines(manifest.path.read_text(encoding="utf-8"))
+    except OSError:
+        lines = {}
+    problems: list[Problem] = []
+    warnings: list[str] = []
+
+    def problem(key: str, message: str) -> None:
+        problems.append(Problem(key, message, line_of(lines, key), str(manifest.path)))
+
+    advantage = manifest.selected.get("algorithm.advantage")
+    if advantage and "groups" in advantage.component.needs and core.rollout.samples_per_prompt < 2:
+        problem(
+            "rollout.samples_per_prompt",
+            f"advantage estimator {advantage.component.name!r} compares samples of one prompt, so with "
+            f"samples_per_prompt = {core.rollout.samples_per_prompt} every advantage would be zero; use 2 or more",
+        )
+    if core.algorithm.kl_in_reward and core.algorithm.kl_coef == 0:
+        warnings.append("algorithm.kl_in_reward is set but algorithm.kl_coef is 0: no KL penalty is applied")
+    if core.data.prompts_per_step % core.algorithm.mini_batches:
+        problem(
+            "algorithm.mini_batches",
+            f"data.prompts_per_step = {core.data.prompts_per_step} must be divisible by mini_batches = {core.algorithm.mini_batches}",
+        )
+    for key, spec in (("data.train", core.data.train), ("data.val", core.data.val)):
+        if spec is None:
+            continue
+        try:
+            from rlcore.data import check_data_spec
+        except ImportError:
+            break
+        message = check_data_spec(spec)
+        if message:
+            problem(key, message)
+    for role, selected in manifest.selected.items():
+        if "critic" in selected.component.needs and core.critic is None:
+            problem("critic", f"{role} = {selected.component.name!r} needs a critic; add a [critic] table")
+    if problems:
+        raise ManifestError(problems)
+    return warnings
