@@ -36,7 +36,7 @@ class SingleTurnOptions(Options):
 
 
 class PPOClipOptions(Options):
-    clip_ratio_low: float = Field(0.2, ge=0.0, description="ratio floor is 1 - clip_ratio_low")
+    clip_ratio_low: float = Field(0.2, ge=0.0, lt=1.0, description="ratio floor is 1 - clip_ratio_low")
     clip_ratio_high: float = Field(0.2, ge=0.0, description="ratio ceiling is 1 + clip_ratio_high (clip-higher: 0.28)")
     clip_ratio_c: float | None = Field(3.0, gt=1.0, description="dual-clip constant for negative advantages; None disables")
 
