@@ -15,11 +15,15 @@ import tomli_w
 from rlcore.interfaces import LaunchRequest
 
 
+def driver_manifest_path(request: LaunchRequest, directory: str | Path | None = None) -> Path:
+    """Where :func:`write_driver_manifest` writes (so a dry run can name the file without writing it)."""
+    return Path(directory or Path(request.run_dir) / "launch") / "manifest.toml"
+
+
 def write_driver_manifest(request: LaunchRequest, directory: str | Path | None = None) -> Path:
     """Write the driver's manifest into ``directory`` (default: ``<run_dir>/launch``), atomically."""
-    directory = Path(directory or Path(request.run_dir) / "launch")
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / "manifest.toml"
+    target = driver_manifest_path(request, directory)
+    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".toml.tmp")
     tmp.write_text(tomli_w.dumps(request.resolved_manifest), encoding="utf-8")
     tmp.replace(target)
@@ -29,6 +33,9 @@ def write_driver_manifest(request: LaunchRequest, directory: str | Path | None =
 def driver_command(request: LaunchRequest, manifest_file: str | Path, python: str | None = None) -> list[str]:
     """The argv that runs the driver for ``request`` on the machine that reads ``manifest_file``."""
     argv = [python or sys.executable, "-m", "rlcore", "run", str(manifest_file)]
+    if request.run_dir:
+        # The same run directory as here, even when `rlcore run --run-dir` chose it.
+        argv += ["--run-dir", str(request.run_dir)]
     if request.resume:
         argv.append("--resume")
     return argv

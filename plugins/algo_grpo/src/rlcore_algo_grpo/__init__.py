@@ -1,0 +1,1 @@
+"""Critic-free advantage estimators and the GSPO policy loss for rlcore."""

@@ -1,0 +1,1 @@
+"""Generalized advantage estimation (GAE) for PPO with a critic."""

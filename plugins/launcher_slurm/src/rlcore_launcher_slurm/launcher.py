@@ -1,0 +1,88 @@
+"""The ``slurm`` launcher: submit the run as a batch job, follow its log, return its exit code."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from rlcore.interfaces import LaunchRequest
+from rlcore.launching import driver_command, driver_manifest_path, write_driver_manifest
+
+from rlcore_launcher_slurm import slurm
+from rlcore_launcher_slurm.follow import LogFollower
+from rlcore_launcher_slurm.options import SlurmOptions
+from rlcore_launcher_slurm.script import log_file, render
+
+SCRIPT_NAME = "slurm.sbatch"
+
+
+def _say(message: str) -> None:
+    print(f"[rlcore slurm] {message}", flush=True)
+
+
+class SlurmLauncher:
+    def __init__(self, options: SlurmOptions):
+        self.options = options
+
+    def script_for(self, request: LaunchRequest, manifest_file: str | Path) -> str:
+        python = self.options.python or sys.executable
+        return render(
+            self.options,
+            manifest=request.resolved_manifest,
+            run_dir=request.run_dir,
+            driver=driver_command(request, manifest_file, python=python),
+            python=python,
+        )
+
+    def launch(self, request: LaunchRequest) -> int:
+        if request.dry_run:
+            print(self.script_for(request, driver_manifest_path(request)), end="", flush=True)
+            _say("dry run: nothing was submitted")
+            return 0
+        slurm.require("sbatch")
+        if self.options.partition:
+            slurm.check_partition(self.options.partition)
+        manifest_file = write_driver_manifest(request)
+        script = manifest_file.parent / SCRIPT_NAME
+        script.write_text(self.script_for(request, manifest_file), encoding="utf-8")
+        job_id = slurm.submit(str(script))
+        log = log_file(request.run_dir, job_id)
+        _say(f"submitted job {job_id}; log: {log}")
+        return self.follow(job_id, log)
+
+    def follow(self, job_id: str, log: str | Path) -> int:
+        """Stream the job's log until the job ends; Ctrl-C cancels the job."""
+        follower = LogFollower(log)
+        last_state = ""
+        try:
+            while True:
+                status = slurm.job_status(job_id)
+                follower.poll()
+                if status.state != last_state:
+                    if status.state == "PENDING":
+                        _say(f"job {job_id} is pending (reason: {status.reason})")
+                    elif status.state == "RUNNING":
+                        _say(f"job {job_id} is running on {status.nodes}")
+                    last_state = status.state
+                if status.finished:
+                    break
+                time.sleep(self.options.poll_interval)
+        except KeyboardInterrupt:
+            _say(f"interrupted: cancelling job {job_id} (scancel {job_id})")
+            slurm.cancel(job_id)
+            _say(f"job {job_id} cancelled")
+            return 130
+        # The log may be written a moment after the state changes (a shared filesystem's delay).
+        time.sleep(min(1.0, self.options.poll_interval))
+        follower.poll(final=True)
+        code = status.exit_status()
+        if code == 0:
+            _say(f"job {job_id} COMPLETED")
+        else:
+            _say(f"error: {status.describe()}; exit code {code}; log: {log}")
+        return code
+
+
+def build(options: SlurmOptions, context=None) -> SlurmLauncher:
+    return SlurmLauncher(options)

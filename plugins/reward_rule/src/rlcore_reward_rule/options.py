@@ -1,0 +1,65 @@
+"""Manifest options of the rule rewards (kept apart from the scorers so listing them is cheap)."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from rlcore.components import Options
+
+
+class GSM8KOptions(Options):
+    method: Literal["strict", "flexible"] = Field(
+        "strict",
+        description='strict: the number after the last "####"; flexible: the last number in the response',
+    )
+    correct_score: float = Field(1.0, ge=-100.0, le=100.0, description="score of a correct answer")
+    format_score: float = Field(
+        0.0, ge=-100.0, le=100.0, description="score of an answer that was found but is wrong"
+    )
+
+
+class MathOptions(Options):
+    backend: Literal["auto", "builtin", "math_verify"] = Field(
+        "auto",
+        description="auto: the builtin normaliser, then math_verify when installed; "
+        "builtin: the normaliser only; math_verify: require math-verify",
+    )
+    correct_score: float = Field(1.0, ge=-100.0, le=100.0, description="score of a correct boxed answer")
+    format_score: float = Field(
+        0.0, ge=-100.0, le=100.0, description="score of a boxed answer that is wrong"
+    )
+
+
+class ExactMatchOptions(Options):
+    case_sensitive: bool = Field(False, description="compare letter case too")
+    strip: bool = Field(True, description="ignore leading and trailing whitespace")
+    collapse_whitespace: bool = Field(True, description="treat any run of whitespace as one space")
+    ignore_punctuation: bool = Field(False, description="drop punctuation before comparing")
+    correct_score: float = Field(1.0, ge=-100.0, le=100.0)
+
+
+class FormatOptions(Options):
+    pattern: str = Field(
+        r"<think>.*?</think>\s*<answer>.*?</answer>",
+        min_length=1,
+        description="a Python regular expression the response must match",
+    )
+    mode: Literal["fullmatch", "search"] = Field(
+        "fullmatch", description="fullmatch: the whole (stripped) response; search: anywhere in it"
+    )
+    dotall: bool = Field(True, description="'.' also matches newlines")
+    ignore_case: bool = False
+    match_score: float = Field(1.0, ge=-100.0, le=100.0, description="score when the response matches")
+    miss_score: float = Field(0.0, ge=-100.0, le=100.0, description="score when it does not")
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from None
+        return value

@@ -1,0 +1,38 @@
+"""Registers the rule rewards. Imports nothing heavy: the scorers load when a run builds them."""
+
+from __future__ import annotations
+
+import rlcore
+from rlcore.components import Component
+
+from rlcore_reward_rule.options import ExactMatchOptions, FormatOptions, GSM8KOptions, MathOptions
+
+
+@rlcore.hookimpl
+def rlcore_reward_functions():
+    return [
+        Component(
+            name="gsm8k",
+            factory="rlcore_reward_rule.gsm8k:build",
+            options=GSM8KOptions,
+            description='GSM8K: the number after "####" (strict) or the last number (flexible) equals the answer',
+        ),
+        Component(
+            name="math",
+            factory="rlcore_reward_rule.math_answer:build",
+            options=MathOptions,
+            description="the last \\boxed{...} answer is equivalent to the ground truth",
+        ),
+        Component(
+            name="exact_match",
+            factory="rlcore_reward_rule.exact:build",
+            options=ExactMatchOptions,
+            description="the normalised response equals the ground truth (or one of a list)",
+        ),
+        Component(
+            name="format",
+            factory="rlcore_reward_rule.format:build",
+            options=FormatOptions,
+            description="the response matches a regular expression (e.g. think/answer tags)",
+        ),
+    ]

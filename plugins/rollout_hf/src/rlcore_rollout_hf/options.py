@@ -1,0 +1,38 @@
+"""The ``hf`` engine's manifest options (keys of ``[rollout]`` beside the core's own).
+
+Kept apart from the engine so that ``rlcore validate`` checks them without importing torch.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rlcore.components import Options
+
+
+class HFEngineOptions(Options):
+    max_batch_size: int = Field(
+        128, ge=1, le=65536, description="most sequences (prompts x samples) decoded together in one forward pass"
+    )
+    share_prefill: bool = Field(
+        True, description="prefill each prompt once and copy its KV cache to its n samples"
+    )
+    share_actor: bool = Field(
+        True,
+        description="generate with the trainer's actor module itself (no copy) when it lives on the engine's device",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(
+        None, description="dtype of the engine's own model copy; default: [model] dtype (ignored when sharing the actor)"
+    )
+    compact_fraction: float = Field(
+        0.25,
+        ge=0.0,
+        le=1.0,
+        description="drop finished sequences from the batch once at least this fraction of it has finished "
+        "(0: at every finish; 1: never)",
+    )
+    offload_weights: bool = Field(
+        False, description="on sleep(), move the engine's own weights (not a shared actor's) to CPU memory"
+    )

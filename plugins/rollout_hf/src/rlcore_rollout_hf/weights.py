@@ -1,0 +1,84 @@
+"""Copying a trainer's named tensors into the engine's own model copy.
+
+Trainers name parameters in several wrappings of the same Hugging Face model: plain
+(``model.layers.0.mlp.up_proj.weight``), peft (``base_model.model.`` prefix, ``.base_layer``
+for a LoRA-wrapped linear, ``modules_to_save.<adapter>``), torch.compile (``_orig_mod.``),
+DDP (``module.``) and activation-checkpoint / FSDP wrappers. All reduce to one canonical name.
+Unmerged LoRA factors cannot be copied into plain weights, so they are refused with a hint.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from rlcore.errors import UsageError
+
+_WRAPPER_PARTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "base_layer"})
+_LORA_MARKERS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector")
+
+
+def canonical_name(name: str) -> str | None:
+    """The Hugging Face name behind a wrapped parameter name; None for names to skip
+    (peft's frozen ``original_module`` copy of a ``modules_to_save`` layer)."""
+    parts = [p for p in name.split(".") if p not in _WRAPPER_PARTS]
+    if "original_module" in parts:
+        return None
+    if "modules_to_save" in parts:
+        i = parts.index("modules_to_save")
+        del parts[i : i + 2]  # "modules_to_save.<adapter name>"
+    while parts and parts[0] == "module":
+        parts = parts[1:]
+    if parts[:2] == ["base_model", "model"]:
+        parts = parts[2:]
+    return ".".join(parts)
+
+
+def tensor_table(model: Any) -> dict[str, Any]:
+    """Canonical name -> parameter or buffer of ``model`` (tied weights appear under every name)."""
+    table: dict[str, Any] = {}
+    for name, tensor in model.named_parameters(remove_duplicate=False):
+        key = canonical_name(name)
+        if key is not None:
+            table[key] = tensor
+    for name, tensor in model.named_buffers(remove_duplicate=False):
+        key = canonical_name(name)
+        if key is not None:
+            table.setdefault(key, tensor)
+    return table
+
+
+def copy_named_tensors(model: Any, named_tensors: Iterable[tuple[str, Any]] | Mapping[str, Any]) -> int:
+    """Copy each ``(name, tensor)`` into ``model`` in place; return how many were copied.
+
+    Raises UsageError for an unmerged LoRA factor, an unknown name or a shape mismatch.
+    """
+    import torch
+
+    if isinstance(named_tensors, Mapping):
+        named_tensors = named_tensors.items()
+    table = tensor_table(model)
+    copied = 0
+    with torch.no_grad():
+        for name, value in named_tensors:
+            if any(marker in name for marker in _LORA_MARKERS):
+                raise UsageError(
+                    f"update_weights got the unmerged LoRA tensor {name!r}; send merged weights "
+                    "(peft's merge_adapter / merge_and_unload) or let the engine share the actor (share_actor = true)"
+                )
+            key = canonical_name(name)
+            if key is None:
+                continue
+            target = table.get(key)
+            if target is None:
+                known = ", ".join(sorted(table)[:5])
+                raise UsageError(
+                    f"update_weights got {name!r} (read as {key!r}), which the engine's model does not have; "
+                    f"expected Hugging Face names such as {known}, ..."
+                )
+            if tuple(target.shape) != tuple(value.shape):
+                raise UsageError(
+                    f"update_weights: {name!r} has shape {tuple(value.shape)}, the engine's {key!r} has {tuple(target.shape)}"
+                )
+            target.copy_(value)
+            copied += 1
+    return copied

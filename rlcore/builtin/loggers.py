@@ -1,0 +1,197 @@
+"""Builtin metrics sinks: console (rich), jsonl, tensorboard and wandb.
+
+Every sink receives ``log(metrics, step)`` once per training step (and once per validation, with
+``val/`` keys), and ``close()`` at the end. A resumed run truncates what was logged after the
+checkpoint it resumes from, so a file never holds a step twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from rlcore.errors import RlcoreError
+
+# The keys the console shows, in this order, when present.
+HEADLINE = (
+    ("critic/score/mean", "score"),
+    ("actor/pg_loss", "pg_loss"),
+    ("actor/entropy", "entropy"),
+    ("actor/ppo_kl", "ppo_kl"),
+    ("actor/grad_norm", "grad_norm"),
+    ("response_length/mean", "resp_len"),
+    ("timing_s/step", "step_s"),
+)
+
+
+def _run_dir(context) -> Path:
+    if context is None or getattr(context, "run_dir", None) is None:
+        raise RlcoreError("this metrics sink needs a run directory")
+    return Path(context.run_dir)
+
+
+def _resume_step(context) -> int | None:
+    return (getattr(context, "extras", None) or {}).get("resume_step")
+
+
+class ConsoleSink:
+    """A progress bar on a terminal, a line per step elsewhere, and the reward curve at the end."""
+
+    def __init__(self, options, context):
+        from rich.console import Console
+
+        self.every = options.every
+        self.console = Console(highlight=False)
+        self.total = (getattr(context, "extras", None) or {}).get("total_steps")
+        self.curve: list[tuple[int, float]] = []
+        self.val_curve: list[tuple[int, float]] = []
+        self.progress = None
+        if options.live and self.console.is_terminal and self.total:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.progress = Progress(
+                TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"), console=self.console, transient=False,
+            )
+            self.task = self.progress.add_task("train", total=self.total, info="", completed=_resume_step(context) or 0)
+            self.progress.start()
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if "val/reward/mean" in metrics:
+            self.val_curve.append((step, metrics["val/reward/mean"]))
+            self.console.print(f"[cyan]validation[/] step {step}: " + _format(
+                {k: v for k, v in metrics.items() if k.startswith("val/")}))
+            return
+        if "critic/score/mean" in metrics:
+            self.curve.append((step, metrics["critic/score/mean"]))
+        headline = " | ".join(f"{label} {_num(metrics[key])}" for key, label in HEADLINE if key in metrics)
+        if self.progress is not None:
+            self.progress.update(self.task, completed=step, info=headline)
+        if step % self.every == 0:
+            total = f"/{self.total}" if self.total else ""
+            self.console.print(f"step {step}{total} | {headline}")
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+        if self.curve:
+            self.console.print("[bold]training reward (mean score per step)[/]")
+            self.console.print(_sparkline(self.curve))
+        if self.val_curve:
+            self.console.print("[bold]validation reward[/]: " + "  ".join(f"step {s}: {v:.3f}" for s, v in self.val_curve))
+
+
+def _num(value: float) -> str:
+    if isinstance(value, float) and (abs(value) >= 1e4 or (0 < abs(value) < 1e-3)):
+        return f"{value:.2e}"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _format(metrics: dict[str, float]) -> str:
+    return ", ".join(f"{k.removeprefix('val/')}={_num(v)}" for k, v in sorted(metrics.items()))
+
+
+def _sparkline(points: list[tuple[int, float]]) -> str:
+    bars = "▁▂▃▄▅▆▇█"
+    values = [v for _, v in points]
+    low, high = min(values), max(values)
+    span = (high - low) or 1.0
+    line = "".join(bars[min(len(bars) - 1, int((v - low) / span * (len(bars) - 1)))] for v in values)
+    return f"{line}  (step {points[0][0]}: {values[0]:.3f} -> step {points[-1][0]}: {values[-1]:.3f}; min {low:.3f}, max {high:.3f})"
+
+
+class JsonlSink:
+    """One JSON object per line: ``{"step": N, ...metrics}``."""
+
+    def __init__(self, options, context):
+        self.path = _run_dir(context) / options.filename
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        resume = _resume_step(context)
+        if self.path.exists():
+            kept = []
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by a crash
+                if resume is not None and record.get("step", 0) <= resume:
+                    kept.append(line)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+            os.replace(tmp, self.path)
+        self.file = open(self.path, "a", encoding="utf-8")
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        self.file.write(json.dumps({"step": step, **clean}) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class TensorboardSink:
+    def __init__(self, options, context):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            raise RlcoreError(f"the tensorboard logger needs the tensorboard package: pip install tensorboard ({exc})") from None
+        kwargs: dict[str, Any] = {}
+        if _resume_step(context) is not None:
+            kwargs["purge_step"] = _resume_step(context) + 1
+        self.writer = SummaryWriter(log_dir=str(_run_dir(context) / options.subdir), **kwargs)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)):
+                self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    def __init__(self, options, context):
+        try:
+            import wandb
+        except ImportError:
+            raise RlcoreError("the wandb logger needs the wandb package: pip install wandb") from None
+        run_dir = _run_dir(context)
+        manifest = getattr(context, "manifest", None) or {}
+        self.run = wandb.init(
+            project=options.project,
+            entity=options.entity,
+            mode=options.mode,
+            tags=options.tags,
+            dir=str(run_dir),
+            name=run_dir.name,
+            id=run_dir.name.replace("/", "-"),
+            resume="allow",
+            config=manifest,
+        )
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def console(options, context):
+    return ConsoleSink(options, context)
+
+
+def jsonl(options, context):
+    return JsonlSink(options, context)
+
+
+def tensorboard(options, context):
+    return TensorboardSink(options, context)
+
+
+def wandb(options, context):
+    return WandbSink(options, context)

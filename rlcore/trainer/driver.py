@@ -1,0 +1,50 @@
+"""Runs a validated manifest in this process: the run directory, logs, the trainer, exit codes."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+import tomli_w
+from loguru import logger
+
+from rlcore.errors import RlcoreError
+from rlcore.manifest.loader import ResolvedManifest
+from rlcore.trainer.checkpoint import Checkpointer, write_atomic_text
+
+
+def prepare_run_dir(manifest: ResolvedManifest, run_dir: Path, resume: bool) -> None:
+    """Create the run directory; refuse to overwrite an earlier run's checkpoints unless resuming."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not resume and Checkpointer(run_dir).latest() is not None:
+        raise RlcoreError(
+            f"the run directory {run_dir} already holds checkpoints; pass --resume to continue that run, "
+            "or change [run] name (or --run-dir) to start a new one"
+        )
+    write_atomic_text(run_dir / "manifest.resolved.toml", tomli_w.dumps(manifest.resolved_dict()))
+
+
+def run_driver(manifest: ResolvedManifest, run_dir: str | Path, resume: bool = False) -> int:
+    run_dir = Path(run_dir)
+    prepare_run_dir(manifest, run_dir, resume)
+    sink_id = logger.add(run_dir / "run.log", level="DEBUG", enqueue=False)
+    try:
+        from rlcore.trainer.rl import RLTrainer
+
+        trainer = RLTrainer(manifest, run_dir, resume=resume)
+        trainer.setup()
+        trainer.fit()
+        logger.info("run finished: {} steps; outputs in {}", trainer.step, run_dir)
+        return 0
+    except RlcoreError:
+        raise
+    except KeyboardInterrupt:
+        logger.warning("interrupted; the last checkpoint in {} is intact (rlcore run --resume continues)", run_dir)
+        return 130
+    except Exception:
+        logger.error("the run failed:\n{}", traceback.format_exc())
+        print(f"the run failed; see {run_dir / 'run.log'}. The last checkpoint is intact: rlcore run --resume continues.", file=sys.stderr)
+        return 1
+    finally:
+        logger.remove(sink_id)

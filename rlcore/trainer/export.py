@@ -1,0 +1,49 @@
+"""Export of a trained actor as a plain Hugging Face directory (LoRA adapters merged)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from loguru import logger
+
+
+def export_model(actor, tokenizer, target: str | Path) -> Path:
+    """Write ``actor`` (merged when it carries LoRA adapters) and ``tokenizer`` to ``target``.
+
+    Written into a temporary directory first and renamed, so a crash never leaves half a model.
+    """
+    target = Path(target)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model = actor
+    if hasattr(actor, "merge_and_unload"):
+        import copy
+
+        model = copy.deepcopy(actor).merge_and_unload()
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+    logger.info("exported the model to {}", target)
+    return target
+
+
+def export_checkpoint(checkpoint: str | Path, target: str | Path, base_model: str | None = None) -> Path:
+    """Export a checkpoint directory: a full-model checkpoint is copied, a LoRA one merged into its base."""
+    checkpoint = Path(checkpoint)
+    model_dir = checkpoint / "model" if (checkpoint / "model").is_dir() else checkpoint
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if (model_dir / "adapter_config.json").exists():
+        from peft import AutoPeftModelForCausalLM
+
+        actor = AutoPeftModelForCausalLM.from_pretrained(model_dir)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        actor = AutoModelForCausalLM.from_pretrained(model_dir)
+    return export_model(actor, tokenizer, target)

@@ -1,0 +1,69 @@
+"""Per-token log-probabilities and entropy on packed sequences, without the full logits.
+
+The decoder runs once over the packed row; the lm_head and the float32 log-softmax run only at
+positions that predict response tokens, a chunk at a time. Under autograd each chunk is
+checkpointed, so at most one chunk's [tokens x vocab] logits are alive, forward or backward.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from rlcore.trainer.batch import MicroBatch
+
+CHUNK_TOKENS = 1024
+
+
+def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, bias, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    return _from_logits(torch.nn.functional.linear(hidden, weight, bias), targets, temperature, with_entropy)
+
+
+def _from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if with_entropy:
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    else:
+        entropy = torch.zeros_like(logp)
+    return logp, entropy
+
+
+def _split_model(model):
+    """(decoder, lm_head) when the model exposes them, else (None, None)."""
+    get_decoder = getattr(model, "get_decoder", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    decoder = get_decoder() if callable(get_decoder) else None
+    if decoder is None or head is None or not isinstance(head, torch.nn.Linear):
+        return None, None
+    return decoder, head
+
+
+def token_logprobs(
+    model, micro: MicroBatch, temperature: float = 1.0, with_entropy: bool = False, chunk_tokens: int = CHUNK_TOKENS
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return ``(logprobs [M], entropy [M])`` of ``micro.targets`` (entropy zeros when not asked)."""
+    decoder, head = _split_model(model)
+    if decoder is None:
+        logits = model(input_ids=micro.input_ids, position_ids=micro.position_ids, use_cache=False).logits[0]
+        return _from_logits(logits[micro.select], micro.targets, temperature, with_entropy)
+    hidden = decoder(input_ids=micro.input_ids, position_ids=micro.position_ids, use_cache=False).last_hidden_state[0]
+    hidden = hidden[micro.select]
+    grad = torch.is_grad_enabled()
+    outs_lp, outs_ent = [], []
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        h = hidden[start : start + chunk_tokens]
+        t = micro.targets[start : start + chunk_tokens]
+        if grad:
+            lp, ent = checkpoint(_head_chunk, h, head.weight, head.bias, t, temperature, with_entropy, use_reentrant=False)
+        else:
+            lp, ent = _head_chunk(h, head.weight, head.bias, t, temperature, with_entropy)
+        outs_lp.append(lp)
+        outs_ent.append(ent)
+    if not outs_lp:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty
+    return torch.cat(outs_lp), torch.cat(outs_ent)

@@ -1,0 +1,112 @@
+"""Loads the tokenizer, the actor (optionally with LoRA adapters) and the reference policy.
+
+With LoRA the reference policy is the actor with its adapters disabled, at no extra memory; with
+full fine-tuning it is a frozen copy, loaded only when a KL term needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from rlcore.errors import RlcoreError
+from rlcore.manifest.schema import ModelTable
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def _hf_kwargs(model: ModelTable) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"trust_remote_code": model.trust_remote_code}
+    if model.gguf_file:
+        kwargs["gguf_file"] = model.gguf_file
+    return kwargs
+
+
+def _explain_load_error(what: str, path: str, exc: Exception) -> RlcoreError:
+    local = Path(path)
+    if not local.exists() and ("/" not in path or path.startswith((".", "/", "~"))):
+        return RlcoreError(f"[model] path: {what} {path!r} does not exist ({type(exc).__name__}: {exc})")
+    return RlcoreError(f"[model] path: cannot load the {what} from {path!r}: {type(exc).__name__}: {exc}")
+
+
+def load_tokenizer(model: ModelTable):
+    from transformers import AutoTokenizer
+
+    path = model.tokenizer or model.path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, **(_hf_kwargs(model) if not model.tokenizer else {}))
+    except Exception as exc:  # noqa: BLE001 - turned into a located message
+        raise _explain_load_error("tokenizer", path, exc) from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise RlcoreError(f"[model] the tokenizer at {path!r} has no chat template; rlcore applies chat templates to prompts")
+    return tokenizer
+
+
+def load_causal_lm(model: ModelTable, device: str, path: str | None = None):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = path or model.path
+    kwargs = _hf_kwargs(model) if path == model.path else {"trust_remote_code": model.trust_remote_code}
+    if model.attn_implementation:
+        kwargs["attn_implementation"] = model.attn_implementation
+    try:
+        lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(model.dtype), **kwargs)
+    except Exception as exc:  # noqa: BLE001
+        raise _explain_load_error("model", path, exc) from None
+    return lm.to(device)
+
+
+def prepare_actor(lm, model: ModelTable):
+    """Add LoRA adapters and gradient checkpointing as the manifest asks."""
+    if model.lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        lora = model.lora
+        config = LoraConfig(
+            r=lora.rank,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=lora.target_modules,
+            task_type="CAUSAL_LM",
+        )
+        lm = get_peft_model(lm, config)
+        trainable = sum(p.numel() for p in lm.parameters() if p.requires_grad)
+        logger.info("LoRA rank {}: {:,} trainable parameters", lora.rank, trainable)
+    if model.gradient_checkpointing:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if model.lora is not None:
+            lm.enable_input_require_grads()
+    return lm
+
+
+class Reference:
+    """Log-probs under the reference policy."""
+
+    def __init__(self, actor, frozen=None):
+        self.actor, self.frozen = actor, frozen
+
+    @contextlib.contextmanager
+    def policy(self):
+        if self.frozen is not None:
+            yield self.frozen
+        else:  # LoRA: the base model is the reference
+            with self.actor.disable_adapter():
+                yield self.actor
+
+
+def build_reference(actor, model: ModelTable, device: str) -> Reference:
+    if model.lora is not None:
+        return Reference(actor)
+    frozen = load_causal_lm(model, device)
+    frozen.eval().requires_grad_(False)
+    return Reference(actor, frozen)

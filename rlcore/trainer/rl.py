@@ -1,0 +1,558 @@
+"""The RL loop on one process: rollout, reward, advantages, policy (and critic) update, weight sync.
+
+Every swappable part comes from the manifest through the registry; this module only wires them
+together in the order of one step (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from loguru import logger
+
+from rlcore.errors import RlcoreError
+from rlcore.interfaces import (
+    AdvantageInput,
+    BuildContext,
+    PolicyLossInput,
+    Prompt,
+    RewardInput,
+    SamplingParams,
+    Trajectory,
+)
+from rlcore.manifest.loader import ResolvedManifest
+from rlcore.trainer import models
+from rlcore.trainer.batch import RolloutBatch, build_batch, pack, token_weights
+from rlcore.trainer.checkpoint import Checkpointer, load_actor_weights
+from rlcore.trainer.data_cursor import DataCursor
+from rlcore.trainer.logprobs import token_logprobs
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[f"timing_s/{name}"] = self.times.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    if values.numel() == 0:
+        return {}
+    values = values.float()
+    return {f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(), f"{prefix}/min": values.min().item()}
+
+
+def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    return _stats(prefix, values[mask.bool()])
+
+
+class RLTrainer:
+    def __init__(self, manifest: ResolvedManifest, run_dir: str | Path, resume: bool = False):
+        self.manifest = manifest
+        self.cfg = manifest.core
+        self.run_dir = Path(run_dir)
+        self.resume = resume
+        self.step = 0
+        self.checkpointer = Checkpointer(self.run_dir, keep=self.cfg.trainer.keep_checkpoints)
+
+    # ------------------------------------------------------------------ set-up
+
+    def setup(self) -> None:
+        cfg = self.cfg
+        self.device = cfg.run.device if cfg.run.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise RlcoreError("[run] device = \"cuda\" but no CUDA device is available")
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        if cfg.run.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.manual_seed(cfg.run.seed)
+
+        checkpoint = self.checkpointer.latest() if self.resume else None
+        if self.resume and checkpoint is None:
+            logger.warning("--resume: no checkpoint in {}; starting from the beginning", self.run_dir)
+
+        logger.info("loading tokenizer and model from {}", cfg.model.path)
+        self.tokenizer = models.load_tokenizer(cfg.model)
+        actor = models.load_causal_lm(cfg.model, self.device)
+        self.actor = models.prepare_actor(actor, cfg.model)
+        if checkpoint is not None:
+            load_actor_weights(self.actor, checkpoint)
+        self.trainable = [p for p in self.actor.parameters() if p.requires_grad]
+        t = cfg.trainer
+        self.optimizers: dict[str, torch.optim.Optimizer] = {
+            "actor": torch.optim.AdamW(self.trainable, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
+        }
+        self.schedulers: dict[str, Any] = {"actor": _warmup(self.optimizers["actor"], t.warmup_steps)}
+        self.modules: dict[str, torch.nn.Module] = {}
+
+        algo = cfg.algorithm
+        self.reference = models.build_reference(self.actor, cfg.model, self.device) if algo.kl_coef > 0 else None
+
+        context = self._context()
+        self.estimator = self._build("algorithm.advantage", context)
+        self.policy_loss = self._build("algorithm.policy_loss", context)
+        self.critic = None
+        if "critic" in self.manifest.component("algorithm.advantage").component.needs:
+            self._setup_critic()
+
+        self.tools = {s.role.split(".", 1)[1]: s.component.build(s.options, context) for s in self.manifest.roles("tools")}
+        context.extras["tools"] = self.tools
+        self.engine = self._build("rollout.engine", context)
+        self.agent = self._build("agent.loop", context)
+        reward = self.manifest.component("reward.function")
+        self.reward_fn = reward.component.build(reward.options, context)
+        from rlcore.rewards import RewardRunner
+
+        self.rewards = RewardRunner(self.reward_fn, timeout_s=cfg.reward.timeout_s, workers=cfg.reward.workers)
+        self._load_data()
+
+        state: dict[str, Any] = {}
+        if checkpoint is not None:
+            state = self.checkpointer.read_state(checkpoint)
+            self.checkpointer.restore(checkpoint, optimizers=self.optimizers, schedulers=self.schedulers, modules=self.modules)
+            self.step = int(state["step"])
+            self.cursor.load(state["data"])
+            logger.info("resumed from {} (step {})", checkpoint, self.step)
+        context.extras["resume_step"] = self.step if checkpoint is not None else None
+        context.extras["total_steps"] = t.steps
+        self.sinks = [s.component.build(s.options, context) for s in self.manifest.roles("loggers")]
+
+    def _context(self) -> BuildContext:
+        cfg = self.cfg
+        return BuildContext(
+            manifest=self.manifest.resolved_dict(),
+            run_dir=str(self.run_dir),
+            model_path=cfg.model.path,
+            gguf_file=cfg.model.gguf_file,
+            dtype=cfg.model.dtype,
+            device=self.device,
+            seed=cfg.run.seed,
+            tokenizer=self.tokenizer,
+            actor=self.actor,
+            sampling=self._sampling(train=True),
+        )
+
+    def _build(self, role: str, context: BuildContext):
+        selected = self.manifest.component(role)
+        return selected.component.build(selected.options, context)
+
+    def _setup_critic(self) -> None:
+        from rlcore.algorithms.value import CriticModel
+
+        cfg = self.cfg
+        kwargs = {"gguf_file": cfg.model.gguf_file} if cfg.model.gguf_file else {}
+        self.critic = CriticModel.from_pretrained(cfg.model.path, torch_dtype=models.torch_dtype(cfg.model.dtype), **kwargs).to(self.device)
+        if cfg.model.gradient_checkpointing and hasattr(self.critic, "gradient_checkpointing_enable"):
+            self.critic.gradient_checkpointing_enable()
+        self.modules["critic"] = self.critic
+        self.optimizers["critic"] = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic.lr, betas=cfg.trainer.betas)
+        self.schedulers["critic"] = _warmup(self.optimizers["critic"], cfg.critic.warmup_steps)
+
+    def _load_data(self) -> None:
+        from rlcore.data import load_prompts
+        from rlcore.rewards import check_required_fields
+
+        d = self.cfg.data
+        common = dict(tokenizer=self.tokenizer, max_prompt_tokens=d.max_prompt_tokens, prompt_key=d.prompt_key, base_dir=self.manifest.base_dir)
+        self.train_set = load_prompts(d.train, **common)
+        self.val_set = load_prompts(d.val, limit=d.val_max_prompts, **common) if d.val else None
+        required = set(getattr(self.reward_fn, "required_fields", ()) or ())
+        for dataset in filter(None, (self.train_set, self.val_set)):
+            check_required_fields(dataset.prompts, required, dataset.source)
+        if len(self.train_set.prompts) < d.prompts_per_step:
+            logger.warning(
+                "data.train has {} usable prompts, fewer than data.prompts_per_step = {}: prompts repeat within a step",
+                len(self.train_set.prompts), d.prompts_per_step,
+            )
+        self.cursor = DataCursor(len(self.train_set.prompts), seed=self.cfg.run.seed, shuffle=d.shuffle)
+
+    def _sampling(self, *, train: bool, step: int = 0) -> SamplingParams:
+        r = self.cfg.rollout
+        eos = _eos_ids(self.tokenizer, self.actor) if hasattr(self, "tokenizer") else []
+        return SamplingParams(
+            n=r.samples_per_prompt if train else r.val_samples_per_prompt,
+            temperature=r.temperature if train else r.val_temperature,
+            top_p=r.top_p if train else 1.0,
+            top_k=r.top_k if train else -1,
+            max_new_tokens=self.cfg.data.max_response_tokens,
+            stop_token_ids=eos,
+            stop=list(r.stop),
+            # A seed per step keeps a resumed run on the same samples as an uninterrupted one.
+            seed=(self.cfg.run.seed * 1_000_003 + step * 2 + (0 if train else 1)) % (2**31),
+        )
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self) -> None:
+        t = self.cfg.trainer
+        try:
+            if self.step == 0 and t.eval_before_train and self.val_set is not None:
+                self._log(self.evaluate(), self.step)
+            while self.step < t.steps:
+                metrics = self.train_step()
+                self.step += 1
+                self._log(metrics, self.step)
+                last = self.step == t.steps
+                if self.val_set is not None and (last or (t.eval_every and self.step % t.eval_every == 0)):
+                    self._log(self.evaluate(), self.step)
+                if last or (t.save_every and self.step % t.save_every == 0):
+                    self.save()
+            if t.export_final:
+                self.export(self.run_dir / "export")
+        finally:
+            for sink in getattr(self, "sinks", []):
+                sink.close()
+            close = getattr(self.rewards, "close", None)
+            if callable(close):
+                close()
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        for sink in self.sinks:
+            sink.log(metrics, step)
+
+    def rollout(self, prompts: list[Prompt], params: SamplingParams) -> list[Trajectory]:
+        wake = getattr(self.engine, "wake_up", None)
+        if callable(wake):
+            wake()
+        was_training = self.actor.training
+        try:
+            return self.agent.run(prompts, self.engine, params)
+        finally:
+            self.actor.train(was_training)
+            sleep = getattr(self.engine, "sleep", None)
+            if callable(sleep):
+                sleep()
+
+    def score(self, trajectories: list[Trajectory]) -> tuple[list[float], dict[str, float]]:
+        items = [
+            RewardInput(
+                response=self.tokenizer.decode(t.response_ids, skip_special_tokens=True),
+                prompt=self.tokenizer.decode(t.prompt.token_ids, skip_special_tokens=False),
+                ground_truth=t.prompt.ground_truth,
+                data_source=t.prompt.data_source,
+                extra_info=t.prompt.extra_info,
+            )
+            for t in trajectories
+        ]
+        result = self.rewards.score(items)
+        scores = [s + t.step_reward for s, t in zip(result.scores, trajectories)]
+        return scores, dict(result.metrics)
+
+    def train_step(self) -> dict[str, Any]:
+        cfg, algo = self.cfg, self.cfg.algorithm
+        timer = Timer()
+        metrics: dict[str, Any] = {}
+        with timer("step"):
+            indices = self.cursor.take(cfg.data.prompts_per_step)
+            prompts = [self.train_set.prompts[i] for i in indices]
+            params = self._sampling(train=True, step=self.step)
+            with timer("gen"):
+                trajectories = self.rollout(prompts, params)
+            with timer("reward"):
+                scores, reward_metrics = self.score(trajectories)
+            metrics.update(reward_metrics)
+            batch = build_batch(trajectories, scores, params.n)
+            self.actor.train()
+            recompute_old = algo.ppo_epochs > 1 or algo.mini_batches > 1 or algo.tis_cap is not None
+            if recompute_old:
+                with timer("old_log_prob"):
+                    batch.tensors["old_logprobs"] = self._logprobs(self.actor, batch, params.temperature)
+            if self.reference is not None:
+                with timer("ref"), self.reference.policy() as ref:
+                    batch.tensors["ref_logprobs"] = self._logprobs(ref, batch, params.temperature)
+            if self.critic is not None:
+                with timer("values"):
+                    batch.tensors["values"] = self._values(batch)
+            with timer("adv"):
+                self._advantages(batch, metrics)
+            with timer("update_actor"):
+                metrics.update(self._update_actor(batch, params.temperature, has_old=recompute_old))
+            if self.critic is not None:
+                with timer("update_critic"):
+                    metrics.update(self._update_critic(batch))
+            with timer("update_weights"):
+                self.engine.update_weights(self._weights_for_engine())
+        metrics.update(timer.times)
+        metrics.update(self._batch_metrics(batch, trajectories))
+        tokens = sum(batch.sequence_lengths())
+        metrics["perf/total_num_tokens"] = tokens
+        metrics["perf/throughput"] = tokens / max(timer.times["timing_s/step"], 1e-9)
+        metrics["training/epoch"] = self.cursor.epoch
+        metrics["actor/lr"] = self.schedulers["actor"].get_last_lr()[0]
+        return metrics
+
+    # ------------------------------------------------------------------ pieces of a step
+
+    def _micro_batches(self, batch: RolloutBatch, rows=None):
+        rows = range(batch.size) if rows is None else rows
+        return pack(batch, list(rows), self.cfg.trainer.micro_batch_tokens, self.device)
+
+    @torch.no_grad()
+    def _logprobs(self, model, batch: RolloutBatch, temperature: float) -> torch.Tensor:
+        out = torch.zeros(batch.size, batch.width)
+        for micro in self._micro_batches(batch):
+            lp, _ = token_logprobs(model, micro, _train_temperature(temperature))
+            out[micro.rows] = micro.scatter(lp.float(), batch.width).cpu()
+        return out * batch.response_mask
+
+    @torch.no_grad()
+    def _values(self, batch: RolloutBatch) -> torch.Tensor:
+        out = torch.zeros(batch.size, batch.width)
+        for micro in self._micro_batches(batch):
+            values = self.critic(input_ids=micro.input_ids, position_ids=micro.position_ids)[0][micro.select]
+            out[micro.rows] = micro.scatter(values.float(), batch.width).cpu()
+        return out * batch.response_mask
+
+    def _advantages(self, batch: RolloutBatch, metrics: dict[str, Any]) -> None:
+        algo = self.cfg.algorithm
+        mask = batch.response_mask
+        token_rewards = torch.zeros_like(mask)
+        lengths = mask.shape[1] - torch.flip(mask, dims=[1]).argmax(dim=1) - 1  # last masked position
+        has_tokens = mask.sum(1) > 0
+        rows = torch.arange(batch.size)[has_tokens]
+        token_rewards[rows, lengths[has_tokens]] = batch.scores[has_tokens]
+        if algo.kl_in_reward and self.reference is not None:
+            from rlcore.algorithms.kl import kl_penalty
+
+            old = batch.tensors.get("old_logprobs", batch.rollout_logprobs)
+            kl = kl_penalty(old, batch.tensors["ref_logprobs"], algo.kl_estimator) * mask
+            token_rewards = token_rewards - algo.kl_coef * kl
+            metrics["actor/reward_kl_penalty"] = (kl.sum() / mask.sum().clamp(min=1)).item()
+        advantages, returns = self.estimator(
+            AdvantageInput(
+                scores=batch.scores,
+                token_rewards=token_rewards,
+                response_mask=mask,
+                group_ids=batch.group_ids,
+                values=batch.tensors.get("values"),
+            )
+        )
+        batch.tensors["advantages"] = advantages.float() * mask
+        batch.tensors["returns"] = returns.float() * mask
+        batch.tensors["token_rewards"] = token_rewards
+
+    def _mini_batches(self, batch: RolloutBatch) -> list[list[int]]:
+        """Split rows into mini-batches along prompt groups, so a group stays together."""
+        count = self.cfg.algorithm.mini_batches
+        groups = defaultdict(list)
+        for row, g in enumerate(batch.group_ids.tolist()):
+            groups[g].append(row)
+        ordered = [groups[g] for g in sorted(groups)]
+        per = math.ceil(len(ordered) / count)
+        return [sum(ordered[i : i + per], []) for i in range(0, len(ordered), per)]
+
+    def _update_actor(self, batch: RolloutBatch, temperature: float, has_old: bool) -> dict[str, float]:
+        algo, t = self.cfg.algorithm, self.cfg.trainer
+        optimizer = self.optimizers["actor"]
+        sums: dict[str, list[float]] = defaultdict(list)
+        temperature = _train_temperature(temperature)
+        need_entropy = True  # reported as actor/entropy even when it is not in the loss
+        for _ in range(algo.ppo_epochs):
+            for rows in self._mini_batches(batch):
+                optimizer.zero_grad(set_to_none=True)
+                mask_rows = batch.response_mask[rows]
+                weights_all = token_weights(mask_rows, algo.loss_agg_mode)
+                row_pos = {r: i for i, r in enumerate(rows)}
+                acc: dict[str, float] = defaultdict(float)
+                for micro in self._micro_batches(batch, rows):
+                    lp, ent = token_logprobs(self.actor, micro, temperature, with_entropy=need_entropy)
+                    logprobs = micro.scatter(lp, batch.width)
+                    entropy = micro.scatter(ent, batch.width)
+                    dev = logprobs.device
+                    sel = micro.rows
+                    mask = batch.response_mask[sel].to(dev)
+                    weights = weights_all[[row_pos[r] for r in sel]].to(dev)
+                    old = batch.tensors["old_logprobs"][sel].to(dev) if has_old else logprobs.detach()
+                    rollout_lp = batch.rollout_logprobs[sel].to(dev)
+                    pg, pg_metrics = self.policy_loss(
+                        PolicyLossInput(
+                            logprobs=logprobs,
+                            old_logprobs=old,
+                            advantages=batch.tensors["advantages"][sel].to(dev),
+                            response_mask=mask,
+                            rollout_logprobs=rollout_lp,
+                        )
+                    )
+                    if algo.tis_cap is not None:
+                        from rlcore.algorithms import tis_weights
+
+                        pg = pg * tis_weights(old, rollout_lp, algo.tis_cap, mask)
+                    loss = (pg * weights).sum()
+                    share = float(weights.sum().item())  # this micro-batch's share of the mini-batch
+                    acc["actor/pg_loss"] += loss.item()
+                    if algo.entropy_coef > 0:
+                        loss = loss - algo.entropy_coef * (entropy * weights).sum()
+                    if self.reference is not None and not algo.kl_in_reward:
+                        from rlcore.algorithms.kl import kl_penalty
+
+                        ref = batch.tensors["ref_logprobs"][sel].to(dev)
+                        kl_loss = (kl_penalty(logprobs, ref, algo.kl_estimator) * weights).sum()
+                        loss = loss + algo.kl_coef * kl_loss
+                        acc["actor/kl_loss"] += kl_loss.item()
+                    loss.backward()
+                    acc["actor/entropy"] += float((entropy.detach() * weights).sum())
+                    for key, value in pg_metrics.items():
+                        acc[f"actor/{key}"] += float(value) * share
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, t.grad_clip)
+                if torch.isfinite(grad_norm):
+                    optimizer.step()
+                else:
+                    logger.warning("step {}: non-finite gradient norm; the update is skipped", self.step + 1)
+                    sums["actor/skipped_updates"].append(1.0)
+                acc["actor/grad_norm"] = float(grad_norm)
+                for key, value in acc.items():
+                    sums[key].append(value)
+        self.schedulers["actor"].step()
+        return {k: sum(v) / len(v) for k, v in sums.items()}
+
+    def _update_critic(self, batch: RolloutBatch) -> dict[str, float]:
+        from rlcore.algorithms.value import clipped_value_loss
+
+        c, algo = self.cfg.critic, self.cfg.algorithm
+        optimizer = self.optimizers["critic"]
+        sums: dict[str, list[float]] = defaultdict(list)
+        for _ in range(algo.ppo_epochs):
+            for rows in self._mini_batches(batch):
+                optimizer.zero_grad(set_to_none=True)
+                total = 0.0
+                clip_fracs = []
+                tokens = float(batch.response_mask[rows].sum().clamp(min=1))
+                for micro in self._micro_batches(batch, rows):
+                    values = self.critic(input_ids=micro.input_ids, position_ids=micro.position_ids)[0][micro.select]
+                    sel = micro.rows
+                    values = micro.scatter(values.float(), batch.width)
+                    dev = values.device
+                    mask = batch.response_mask[sel].to(dev)
+                    loss, vm = clipped_value_loss(
+                        values, batch.tensors["values"][sel].to(dev), batch.tensors["returns"][sel].to(dev),
+                        mask, c.value_clip, "token-mean",
+                    )
+                    share = float(mask.sum()) / tokens
+                    (loss * share * c.value_coef).backward()
+                    total += float(loss) * share
+                    clip_fracs.append(float(vm.get("critic/vf_clipfrac", 0.0)) * share)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.trainer.grad_clip)
+                if torch.isfinite(grad_norm):
+                    optimizer.step()
+                sums["critic/vf_loss"].append(total)
+                sums["critic/vf_clipfrac"].append(sum(clip_fracs))
+                sums["critic/grad_norm"].append(float(grad_norm))
+        self.schedulers["critic"].step()
+        return {k: sum(v) / len(v) for k, v in sums.items()}
+
+    def _weights_for_engine(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The actor's weights under Hugging Face names (LoRA merged in), produced lazily: an
+        engine that shares the actor's parameters never iterates it."""
+        actor = self.actor
+        if hasattr(actor, "merge_adapter") and hasattr(actor, "get_base_model"):
+            actor.merge_adapter()
+            try:
+                for name, tensor in actor.get_base_model().state_dict().items():
+                    if "lora_" in name:
+                        continue
+                    yield name.replace(".base_layer", ""), tensor
+            finally:
+                actor.unmerge_adapter()
+        else:
+            yield from actor.state_dict().items()
+
+    def _batch_metrics(self, batch: RolloutBatch, trajectories: list[Trajectory]) -> dict[str, float]:
+        mask = batch.response_mask
+        lengths = mask.sum(1)
+        all_lengths = torch.tensor([len(r) for r in batch.response_ids], dtype=torch.float32)
+        out: dict[str, float] = {}
+        out.update(_stats("critic/score", batch.scores))
+        out.update(_stats("critic/rewards", batch.tensors["token_rewards"].sum(1)))
+        out.update(_masked_stats("critic/advantages", batch.tensors["advantages"], mask))
+        out.update(_masked_stats("critic/returns", batch.tensors["returns"], mask))
+        if "values" in batch.tensors:
+            out.update(_masked_stats("critic/values", batch.tensors["values"], mask))
+        out.update(_stats("response_length", all_lengths))
+        out["response_length/clip_ratio"] = float(sum(t.finish_reason == "length" for t in trajectories)) / max(len(trajectories), 1)
+        out.update(_stats("prompt_length", torch.tensor([len(p) for p in batch.prompt_ids], dtype=torch.float32)))
+        out["response/model_tokens/mean"] = lengths.mean().item()
+        if any(t.num_turns > 1 or t.tool_calls for t in trajectories):
+            out["agent/num_turns/mean"] = sum(t.num_turns for t in trajectories) / len(trajectories)
+            out["agent/tool_calls/mean"] = sum(t.tool_calls for t in trajectories) / len(trajectories)
+            out["agent/tool_errors/sum"] = float(sum(t.tool_errors for t in trajectories))
+        extra: dict[str, list[float]] = defaultdict(list)
+        for t in trajectories:
+            for k, v in t.metrics.items():
+                extra[k].append(float(v))
+        out.update({k: sum(v) / len(v) for k, v in extra.items()})
+        return out
+
+    # ------------------------------------------------------------------ validation, saving
+
+    def evaluate(self) -> dict[str, float]:
+        assert self.val_set is not None
+        params = self._sampling(train=False, step=self.step)
+        start = time.perf_counter()
+        trajectories = self.rollout(self.val_set.prompts, params)
+        scores, _ = self.score(trajectories)
+        by_source: dict[str, list[float]] = defaultdict(list)
+        passed: dict[str, dict[int, bool]] = defaultdict(dict)
+        for t, s in zip(trajectories, scores):
+            src = t.prompt.data_source or "default"
+            by_source[src].append(s)
+            passed[src][t.prompt.index] = passed[src].get(t.prompt.index, False) or s > 0
+        metrics: dict[str, float] = {"val/reward/mean": sum(scores) / max(len(scores), 1)}
+        for src, values in by_source.items():
+            metrics[f"val/{src}/reward/mean"] = sum(values) / len(values)
+            metrics[f"val/{src}/pass@1"] = sum(v > 0 for v in values) / len(values)
+            if params.n > 1:
+                metrics[f"val/{src}/pass@{params.n}"] = sum(passed[src].values()) / len(passed[src])
+        metrics["val/response_length/mean"] = sum(len(t.response_ids) for t in trajectories) / max(len(trajectories), 1)
+        metrics["timing_s/val"] = time.perf_counter() - start
+        return metrics
+
+    def save(self) -> Path:
+        return self.checkpointer.save(
+            self.step,
+            actor=self.actor,
+            tokenizer=self.tokenizer,
+            optimizers=self.optimizers,
+            schedulers=self.schedulers,
+            modules=self.modules,
+            state={"data": self.cursor.state()},
+        )
+
+    def export(self, target: Path) -> Path:
+        """Write the trained model as a plain Hugging Face directory (LoRA merged)."""
+        from rlcore.trainer.export import export_model
+
+        return export_model(self.actor, self.tokenizer, target)
+
+
+def _train_temperature(temperature: float) -> float:
+    return temperature if temperature > 0 else 1.0
+
+
+def _eos_ids(tokenizer, model) -> list[int]:
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, (list, tuple)):
+        ids.update(int(e) for e in eos)
+    return sorted(ids)
+
+
+def _warmup(optimizer, steps: int):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (steps + 1)) if steps else 1.0)
