@@ -1,0 +1,42 @@
+"""Testing helpers for rlcore plugin authors (loaded as a pytest plugin through ``pytest11``).
+
+Fixtures (available in any pytest session once rlcore is installed):
+
+- ``rlcore_registry``: an isolated registry holding only rlcore's builtins, so a test sees
+  exactly the plugins it registers, whatever else is installed.
+- ``rlcore_register``: ``rlcore_register(plugin_object, name="x")`` registers a plugin into that
+  registry for one test and returns its :class:`~rlcore.registry.PluginInfo`.
+- ``rlcore_manifest``: ``rlcore_manifest({"model": {...}, ...})`` writes a TOML manifest into the
+  test's temporary directory and returns its path.
+
+Conformance kits, one per component kind, that any plugin's own tests can run:
+:mod:`rlcore.testing.engines`, :mod:`rlcore.testing.algorithms`, :mod:`rlcore.testing.rewards`,
+:mod:`rlcore.testing.tools`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from rlcore.registry import PluginInfo, Registry
+
+
+def isolated_registry() -> Registry:
+    """A registry with rlcore's builtins only (external plugins are not loaded)."""
+    return Registry.discover(external=False, disabled=())
+
+
+def register(registry: Registry, plugin: Any, name: str | None = None, distribution: str | None = None,
+             version: str = "0.0.test") -> PluginInfo:
+    """Register ``plugin`` (a module or an object with ``@rlcore.hookimpl`` methods)."""
+    name = name or getattr(plugin, "__name__", None) or type(plugin).__name__
+    return registry.register(plugin, name=name, distribution=distribution or name, version=version)
+
+
+def write_manifest(directory: Path, document: dict[str, Any], name: str = "manifest.toml") -> Path:
+    path = Path(directory) / name
+    path.write_text(tomli_w.dumps(document), encoding="utf-8")
+    return path
