@@ -58,13 +58,14 @@ class SlurmLauncher:
         try:
             while True:
                 status = slurm.job_status(job_id)
-                follower.poll()
                 if status.state != last_state:
                     if status.state == "PENDING":
-                        _say(f"job {job_id} is pending (reason: {status.reason})")
+                        why = f" (reason: {status.reason})" if status.reason not in ("", "None") else ""
+                        _say(f"job {job_id} is pending{why}")
                     elif status.state == "RUNNING":
                         _say(f"job {job_id} is running on {status.nodes}")
                     last_state = status.state
+                follower.poll()
                 if status.finished:
                     break
                 time.sleep(self.options.poll_interval)
@@ -80,7 +81,7 @@ class SlurmLauncher:
         if code == 0:
             _say(f"job {job_id} COMPLETED")
         else:
-            _say(f"error: {status.describe()}; exit code {code}; log: {log}")
+            _say(f"error: {status.describe()}; log: {log}")
         return code
 
 
