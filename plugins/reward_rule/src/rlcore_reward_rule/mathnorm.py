@@ -16,18 +16,15 @@ _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
 
 def last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` (balanced braces) or ``\\boxed 5``; None if absent."""
+    """The content of the last ``\\boxed{...}`` or ``\\boxed 5``; None when there is none or its
+    braces never close (a truncated response has no final answer)."""
     if not text:
         return None
     start = max(text.rfind(cmd) for cmd in _BOX_COMMANDS)
-    while start != -1:
-        cmd = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
-        found = _box_content(text, start + len(cmd))
-        if found is not None:
-            return found
-        # An unbalanced last box: try the one before it.
-        start = max(text.rfind(c, 0, start) for c in _BOX_COMMANDS)
-    return None
+    if start == -1:
+        return None
+    cmd = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
+    return _box_content(text, start + len(cmd))
 
 
 def _box_content(text: str, pos: int) -> str | None:
@@ -35,8 +32,6 @@ def _box_content(text: str, pos: int) -> str | None:
         depth = 0
         for i in range(pos, len(text)):
             ch = text[i]
-            if ch == "\\":
-                continue
             if ch == "{" and (i == 0 or text[i - 1] != "\\"):
                 depth += 1
             elif ch == "}" and (i == 0 or text[i - 1] != "\\"):
@@ -97,6 +92,7 @@ def _brace_shorthand(s: str) -> str:
     s = re.sub(r"\\frac(\d)\{", r"\\frac{\1}{", s)
     s = re.sub(r"\\frac\{([^{}]*)\}(\d)", r"\\frac{\1}{\2}", s)
     s = re.sub(r"\\sqrt(\d+|[a-zA-Z])", r"\\sqrt{\1}", s)
+    s = re.sub(r"([\^_])\{(\w)\}", r"\1\2", s)  # x^{2} -> x^2
     return s
 
 
