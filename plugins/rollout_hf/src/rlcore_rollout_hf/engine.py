@@ -86,10 +86,11 @@ class HFRolloutEngine:
         self.max_positions = getattr(config, "max_position_embeddings", None)
         embeddings = self.model.get_input_embeddings()
         self.vocab_size = int(embeddings.num_embeddings)
-        forward_params = inspect.signature(self.model.forward).parameters
-        self._keeps_logits = "logits_to_keep" in forward_params or any(
-            p.kind is inspect.Parameter.VAR_KEYWORD for p in forward_params.values()
-        )
+        # transformers renamed ``past_key_values`` to ``cache`` (5.x); read the causal LM's own signature.
+        inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        forward_params = inspect.signature(inner.forward).parameters
+        self._cache_arg = "cache" if "cache" in forward_params else "past_key_values"
+        self._keeps_logits = "logits_to_keep" in forward_params
         peft_config = getattr(self.model, "active_peft_config", None)
         if peft_config is not None and getattr(peft_config, "is_prompt_learning", False):
             raise UsageError("the hf rollout engine does not support peft prompt-learning adapters (prefix/prompt tuning)")
@@ -194,13 +195,13 @@ class HFRolloutEngine:
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
         )
+        kwargs[self._cache_arg] = cache
         if last_only and self._keeps_logits:
             kwargs["logits_to_keep"] = 1
         out = self.model(**kwargs)
-        return out.logits[:, -1, :], out.past_key_values
+        return out.logits[:, -1, :], getattr(out, self._cache_arg)
 
     def _generate_chunk(
         self,
@@ -294,11 +295,13 @@ def _load_own_model(options: HFEngineOptions, context: BuildContext, device: tor
     return model
 
 
-def _copy_actor(actor: Any, device: torch.device) -> Any:
+def _copy_actor(actor: Any, device: torch.device, dtype: torch.dtype | None) -> Any:
     """A detached copy of the actor for another device; peft adapters are merged in."""
     model = copy.deepcopy(unwrap_module(actor))
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
+    if dtype is not None:
+        model.to(dtype)
     model.to(device)
     model.eval()
     model.requires_grad_(False)
@@ -316,7 +319,8 @@ def build(options: HFEngineOptions, context: BuildContext | None = None) -> HFRo
     if context.model_path:
         model = _load_own_model(options, context, device)
     elif actor is not None:
-        model = _copy_actor(actor, device)
+        dtype = _DTYPES.get(options.dtype or "")
+        model = _copy_actor(actor, device, dtype)
     else:
         raise UsageError(
             "the hf rollout engine needs a model: set [model] path (and gguf_file for a GGUF file), "
