@@ -173,8 +173,8 @@ class Registry:
             info.components = {}
         for kind, (hook_name, _) in KINDS.items():
             hook = getattr(self.pm.hook, hook_name)
-            # Builtins first (registered first), so `rlcore plugins` reads naturally.
-            for impl in reversed(hook.get_hookimpls()):
+            # In registration order: builtins first, then entry points.
+            for impl in hook.get_hookimpls():
                 info = self.plugins.get(impl.plugin_name)
                 if info is None or info.status != "ok":
                     continue
@@ -219,7 +219,7 @@ class Registry:
     def commands(self) -> list[Command]:
         """Sub-commands contributed by plugins (hook ``rlcore_commands``)."""
         found: list[Command] = []
-        for impl in reversed(self.pm.hook.rlcore_commands.get_hookimpls()):
+        for impl in self.pm.hook.rlcore_commands.get_hookimpls():
             info = self.plugins.get(impl.plugin_name)
             if info is None or info.status != "ok":
                 continue
