@@ -11,3 +11,42 @@ factory such as ``rlcore.algorithms.losses:build_ppo_clip`` costs nothing until 
 - :mod:`~rlcore.algorithms.returns`: per-token discounted returns and group statistics.
 - :mod:`~rlcore.algorithms.value`: the critic model and its clipped value loss.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Public name -> module; resolved on first access (PEP 562), so this package stays import-free.
+_EXPORTS = {
+    "AGG_MODES": "masked",
+    "aggregate": "masked",
+    "masked_mean": "masked",
+    "masked_sum": "masked",
+    "masked_var": "masked",
+    "masked_whiten": "masked",
+    "entropy_from_logits": "logits",
+    "logprobs_from_logits": "logits",
+    "KL_ESTIMATORS": "kl",
+    "kl_penalty": "kl",
+    "build_ppo_clip": "losses",
+    "ppo_clip_loss": "losses",
+    "tis_weights": "importance",
+    "credit_masked_rewards": "returns",
+    "discounted_returns": "returns",
+    "group_stats": "returns",
+    "CriticModel": "value",
+    "clipped_value_loss": "value",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rlcore.algorithms' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"rlcore.algorithms.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

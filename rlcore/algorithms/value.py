@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlcore.algorithms.masked import aggregate, as_bool_mask, masked_mean
+from rlcore.algorithms.masked import aggregate, as_bool_mask, masked_fill_zero, masked_mean
 
 VALUE_HEAD_INIT_STD = 1e-3
 
@@ -29,8 +29,10 @@ def clipped_value_loss(
     ``critic/vpred_mean``.
     """
     m = as_bool_mask(mask)
-    old = old_values.detach()
-    target = returns.detach()
+    # Zero masked positions first, so NaN there reaches neither the loss nor the gradient.
+    values = masked_fill_zero(values, m)
+    old = masked_fill_zero(old_values.detach(), m)
+    target = masked_fill_zero(returns.detach(), m)
     v_clipped = old + (values - old).clamp(-clip, clip)
     unclipped = (values - target).square()
     clipped = (v_clipped - target).square()
