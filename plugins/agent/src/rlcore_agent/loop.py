@@ -1,0 +1,300 @@
+"""The ``tool`` agent loop: generate, run the tools the model called, append their results, repeat.
+
+All active trajectories generate together each turn (one engine call), and all the tool calls of
+a turn run concurrently on one asyncio event loop. Token ids accumulate turn by turn: the model's
+tokens are kept as sampled (mask 1, with their log-probabilities) and only the glue between turns
+is tokenised (mask 0, log-probability 0.0); see :mod:`rlcore_agent.chat`.
+
+A trajectory ends when the model calls no tool (``stop``), when ``max_turns`` assistant turns are
+done (``max_turns``), or when the response would exceed the run's ``max_new_tokens`` (``length``).
+A malformed call, an unknown tool, a tool that raises, hangs or returns the wrong type becomes an
+error message for the model and a count in the metrics; it never ends the rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Coroutine, Sequence, TypeVar
+
+from loguru import logger
+
+from rlcore.agent.tool_calls import ParsedTurn, ToolCall, parse_tool_calls
+from rlcore.errors import RlcoreError, UsageError
+from rlcore.interfaces import Prompt, RolloutEngine, SamplingParams, Tool, ToolResult, Trajectory
+from rlcore_agent.chat import ChatGlue
+from rlcore_agent.options import ToolLoopOptions
+
+T = TypeVar("T")
+
+
+class EventLoopThread:
+    """One long-lived event loop in a daemon thread, so tools that keep loop-bound resources
+    (HTTP clients) work across calls to the synchronous ``run``, even from inside another loop."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(target=self._loop.run_forever, name="rlcore-agent-loop", daemon=True).start()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+
+@dataclass
+class _State:
+    prompt: Prompt
+    id: str
+    messages: list[dict[str, Any]]
+    response_ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    done: bool = False
+    finish_reason: str = "length"
+    turns: int = 0
+    created: set[str] = field(default_factory=set)
+    step_reward: float = 0.0
+    counts: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def extend(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
+        self.response_ids.extend(int(t) for t in ids)
+        if logprobs is None:
+            self.mask.extend([0] * len(ids))
+            self.logprobs.extend([0.0] * len(ids))
+        else:
+            self.mask.extend([1] * len(ids))
+            self.logprobs.extend(float(x) for x in logprobs)
+
+    def trajectory(self) -> Trajectory:
+        c = self.counts
+        metrics = {f"agent/{k}": float(v) for k, v in c.items()}
+        metrics["agent/num_turns"] = float(self.turns)
+        metrics.setdefault("agent/tool_calls", 0.0)
+        metrics.setdefault("agent/tool_errors", 0.0)
+        metrics.setdefault("agent/tool_parse_errors", 0.0)
+        return Trajectory(
+            prompt=self.prompt,
+            response_ids=self.response_ids,
+            response_mask=self.mask,
+            rollout_logprobs=self.logprobs,
+            finish_reason=self.finish_reason,
+            num_turns=self.turns,
+            tool_calls=int(c["tool_calls"]),
+            tool_errors=int(c["tool_errors"]),
+            step_reward=self.step_reward,
+            metrics=metrics,
+        )
+
+
+def _truncate(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    keep = limit // 2
+    return f"{text[:keep]}\n... [{len(text) - 2 * keep} characters cut] ...\n{text[-keep:]}"
+
+
+class ToolLoop:
+    def __init__(self, options: ToolLoopOptions, tokenizer: Any, tools: dict[str, Tool]):
+        if tokenizer is None:
+            raise UsageError("the `tool` agent loop needs the run's tokenizer (BuildContext.tokenizer)")
+        self.options = options
+        self.tokenizer = tokenizer
+        self.tools = tools
+        self.glue = ChatGlue(tokenizer, [t.schema() for t in tools.values()])
+        self._events = EventLoopThread()
+        self._semaphore: asyncio.Semaphore | None = None
+
+    # ------------------------------------------------------------------ public
+
+    def run(self, prompts: Sequence[Prompt], engine: RolloutEngine, params: SamplingParams) -> list[Trajectory]:
+        if not prompts:
+            return []
+        return self._events.run(self._run(list(prompts), engine, params))
+
+    # ------------------------------------------------------------------ turns
+
+    def _prepare(self, prompt: Prompt) -> tuple[Prompt, list[dict[str, Any]]]:
+        messages = [dict(m) for m in prompt.messages]
+        if not (self.options.tools_in_prompt and self.tools and messages):
+            return prompt, messages
+        messages = self.glue.with_tools(messages)
+        return dataclasses.replace(prompt, token_ids=self.glue.prompt_ids(messages)), messages
+
+    async def _run(self, prompts: list[Prompt], engine: RolloutEngine, params: SamplingParams) -> list[Trajectory]:
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.options.max_concurrent_calls)
+        budget = params.max_new_tokens
+        per_turn = self.options.max_tokens_per_turn or budget
+        states: list[_State] = []
+        for prompt in prompts:
+            prepared, messages = self._prepare(prompt)
+            for _ in range(params.n):
+                states.append(_State(prompt=prepared, id=uuid.uuid4().hex, messages=[dict(m) for m in messages]))
+        try:
+            turn = 0
+            while True:
+                active = [s for s in states if not s.done]
+                if not active:
+                    break
+                limits = {s.id: min(budget - len(s.response_ids), per_turn) for s in active}
+                update: dict[str, Any] = {"max_new_tokens": max(limits.values())}
+                if params.seed is not None:
+                    update["seed"] = params.seed + turn
+                if turn == 0:  # one request per prompt, n samples each
+                    inputs = [list(p.token_ids) for p in [states[i * params.n].prompt for i in range(len(prompts))]]
+                    outputs = await asyncio.to_thread(engine.generate, inputs, params.model_copy(update=update))
+                    completions = [c for group in self._check(outputs, len(inputs), params.n) for c in group]
+                else:
+                    update["n"] = 1
+                    inputs = [list(s.prompt.token_ids) + s.response_ids for s in active]
+                    outputs = await asyncio.to_thread(engine.generate, inputs, params.model_copy(update=update))
+                    completions = [g[0] for g in self._check(outputs, len(inputs), 1)]
+                pending: list[tuple[_State, str, ParsedTurn]] = []
+                for s, comp in zip(active, completions):
+                    taken = self._take_turn(s, comp, limits[s.id])
+                    if taken is not None:
+                        pending.append((s, *taken))
+                tool_messages = await asyncio.gather(*(self._run_calls(s, parsed) for s, _, parsed in pending))
+                for (s, text, _), messages in zip(pending, tool_messages):
+                    glue = self.glue.turn_glue(s.messages, text, messages)
+                    if glue.mismatch:
+                        s.counts["template_mismatch"] += 1
+                    if len(s.response_ids) + len(glue.ids) >= budget:
+                        s.done, s.finish_reason = True, "length"
+                        continue
+                    s.messages.extend([glue.assistant, *messages])
+                    s.extend(glue.ids, None)
+                turn += 1
+        finally:
+            await asyncio.gather(*(self._release(s) for s in states))
+        return [s.trajectory() for s in states]
+
+    @staticmethod
+    def _check(outputs: Any, prompts: int, n: int) -> list[list[Any]]:
+        if len(outputs) != prompts or any(len(g) != n for g in outputs):
+            raise RlcoreError(f"the rollout engine returned a wrong number of completions (expected {prompts} x {n})")
+        return outputs
+
+    def _plain(self, text: str) -> str:
+        content, _ = self.glue.split_generated(text)
+        eos = self.tokenizer.eos_token
+        return content.replace(eos, "") if eos else content
+
+    def _take_turn(self, s: _State, comp: Any, limit: int) -> tuple[str, ParsedTurn] | None:
+        """Append one completion; return its text when the turn asks for tools and may continue."""
+        ids, lps = list(comp.token_ids)[:limit], list(comp.logprobs)[:limit]
+        if len(lps) != len(ids):
+            raise RlcoreError(f"the rollout engine returned {len(lps)} log-probabilities for {len(ids)} tokens")
+        truncated = len(ids) < len(comp.token_ids)
+        s.extend(ids, lps)
+        s.turns += 1
+        if truncated or comp.finish_reason == "length":
+            s.done, s.finish_reason = True, "length"
+            return None
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        parsed = parse_tool_calls(self._plain(text), self.options.parser)
+        if not parsed.wants_tools:
+            s.done, s.finish_reason = True, "stop"
+            return None
+        if s.turns >= self.options.max_turns:
+            s.counts["tool_parse_errors"] += len(parsed.errors)
+            s.done, s.finish_reason = True, "max_turns"
+            return None
+        return text, parsed
+
+    # ------------------------------------------------------------------ tools
+
+    async def _run_calls(self, s: _State, parsed: ParsedTurn) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = []
+        for err in parsed.errors:
+            s.counts["tool_parse_errors"] += 1
+            s.counts["tool_errors"] += 1
+            messages.append({"role": "tool", "name": "error", "content": f"Error: {err}"})
+        calls = parsed.calls[: self.options.max_calls_per_turn]
+        results = await asyncio.gather(*(self._call(s, c) for c in calls))
+        for call, text in zip(calls, results):
+            messages.append({"role": "tool", "name": call.name, "tool_call_id": call.id, "content": text})
+        for call in parsed.calls[self.options.max_calls_per_turn :]:
+            s.counts["tool_errors"] += 1
+            messages.append(
+                {
+                    "role": "tool",
+                    "name": call.name,
+                    "tool_call_id": call.id,
+                    "content": f"Error: at most {self.options.max_calls_per_turn} tool calls per turn; this one was not run",
+                }
+            )
+        return messages
+
+    async def _call(self, s: _State, call: ToolCall) -> str:
+        s.counts["tool_calls"] += 1
+        tool = self.tools.get(call.name)
+        if tool is None:
+            s.counts["tool_errors"] += 1
+            s.counts["tool_unknown"] += 1
+            return f"Error: there is no tool named {call.name!r}; available: {', '.join(sorted(self.tools)) or 'none'}"
+        assert self._semaphore is not None
+        timeout = self.options.tool_timeout_s
+        started = time.perf_counter()
+        try:
+            async with self._semaphore:
+                if call.name not in s.created:
+                    s.created.add(call.name)
+                    await asyncio.wait_for(tool.create(s.id), timeout)
+                result = await asyncio.wait_for(tool.execute(s.id, call.arguments), timeout)
+        except asyncio.TimeoutError:
+            s.counts["tool_errors"] += 1
+            s.counts["tool_timeouts"] += 1
+            return f"Error: the call to {call.name!r} timed out after {timeout:g} s"
+        except Exception as exc:  # noqa: BLE001 - a failing tool must never end the rollout
+            s.counts["tool_errors"] += 1
+            logger.debug("tool {} raised: {!r}", call.name, exc)
+            return f"Error: {call.name!r} failed: {type(exc).__name__}: {exc}"
+        finally:
+            s.counts["tool_time_s"] += time.perf_counter() - started
+        if not isinstance(result, ToolResult):
+            s.counts["tool_errors"] += 1
+            return f"Error: {call.name!r} returned {type(result).__name__}, not a ToolResult"
+        if result.error:
+            s.counts["tool_errors"] += 1
+        if result.reward is not None:
+            s.step_reward += float(result.reward)
+        for key, value in (result.metrics or {}).items():
+            try:
+                s.counts[f"{call.name}/{key}"] += float(value)
+            except (TypeError, ValueError):
+                pass
+        return _truncate(str(result.text), self.options.max_tool_response_chars)
+
+    async def _release(self, s: _State) -> None:
+        for name in s.created:
+            try:
+                await asyncio.wait_for(self.tools[name].release(s.id), self.options.tool_timeout_s)
+            except Exception as exc:  # noqa: BLE001
+                logger.warning("releasing tool {} for trajectory {} failed: {!r}", name, s.id, exc)
+
+
+def build(options: ToolLoopOptions, context: Any) -> ToolLoop:
+    """Build the loop with ``context.tokenizer`` and the run's tools from ``context.extras["tools"]``."""
+    available: dict[str, Tool] = dict((getattr(context, "extras", None) or {}).get("tools") or {})
+    tools: dict[str, Tool] = {}
+    for key, tool in available.items():
+        tools[getattr(tool, "name", None) or key] = tool
+    if options.tools is not None:
+        missing = [n for n in options.tools if n not in tools]
+        if missing:
+            raise UsageError(
+                f"[agent] tools names {missing}, which are not configured; configured [tools.*]: {sorted(tools) or 'none'}"
+            )
+        tools = {n: tools[n] for n in options.tools}
+    if not tools:
+        logger.warning("the `tool` agent loop has no tools: add a [tools.<name>] table (e.g. [tools.python])")
+    return ToolLoop(options, getattr(context, "tokenizer", None), tools)
