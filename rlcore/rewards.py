@@ -92,7 +92,7 @@ def load_python_function(target: str) -> tuple[Callable[..., Any], str]:
             + (", ".join(available) or "(none)")
         )
     if not callable(fn):
-        raise RlcoreError(f"{origin}: {name!r} is a {type(fn).__name__}, not a function")
+        raise RlcoreError(f"{origin}: {name!r} is not a function but a {type(fn).__name__} value")
     return fn, origin
 
 

@@ -1,0 +1,165 @@
+"""RewardRunner: failures score 0 and are counted, time limits hold even for infinite loops."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from loguru import logger
+
+from rlcore.errors import RlcoreError
+from rlcore.interfaces import RewardInput, RewardResult
+from rlcore.rewards import RewardRunner
+
+
+def behaving(item: RewardInput):
+    """Scores by what the response asks for."""
+    r = item.response
+    if r == "loop":
+        while True:
+            pass
+    if r == "sleep":
+        time.sleep(60)
+    if r == "raise":
+        raise ValueError("bad row")
+    if r == "text":
+        return "1.0"
+    if r == "none":
+        return None
+    if r == "nan":
+        return float("nan")
+    if r == "exit":
+        os._exit(3)
+    if r == "sysexit":
+        raise SystemExit(1)
+    if r == "dict":
+        return {"score": 0.25, "acc": 1.0}
+    if r.startswith("metric"):
+        return RewardResult(1.0, {"length": float(len(r)), "bad": "x"})
+    return float(len(r))
+
+
+def items(*responses: str) -> list[RewardInput]:
+    return [RewardInput(response=r, ground_truth="g") for r in responses]
+
+
+@pytest.fixture
+def captured():
+    messages: list[str] = []
+    sink = logger.add(lambda m: messages.append(str(m)), level="WARNING")
+    yield messages
+    logger.remove(sink)
+
+
+@pytest.mark.parametrize("isolation", ["process", "thread"])
+def test_good_and_bad_items(isolation, captured):
+    with RewardRunner(behaving, timeout_s=5, workers=3, isolation=isolation) as runner:
+        batch = runner.score(items("ab", "raise", "text", "none", "nan", "abc", "dict", "raise", "sysexit"))
+    assert batch.scores == [2.0, 0.0, 0.0, 0.0, 0.0, 3.0, 0.25, 0.0, 0.0]
+    assert batch.statuses == ["ok", "error", "invalid", "invalid", "invalid", "ok", "ok", "error", "error"]
+    assert batch.metrics["reward/errors"] == 3.0
+    assert batch.metrics["reward/invalid"] == 3.0
+    assert batch.metrics["reward/timeouts"] == 0.0
+    assert batch.metrics["reward/acc"] == 1.0  # verl's dict form: other keys are metrics
+    # The first error of each kind is logged, once.
+    assert sum("raised an exception" in m for m in captured) == 1
+    assert sum("not a finite number" in m for m in captured) == 1
+    assert any("ValueError: bad row" in m for m in captured)
+
+
+def test_per_item_metrics_are_averaged_over_the_items_reporting_them():
+    with RewardRunner(behaving, timeout_s=5, workers=2) as runner:
+        batch = runner.score(items("metric", "metric12", "xy"))
+    assert batch.scores == [1.0, 1.0, 2.0]
+    assert batch.metrics["reward/length"] == pytest.approx(7.0)  # (6 + 8) / 2; "bad" is not a number
+    assert "reward/bad" not in batch.metrics
+
+
+def test_infinite_loop_is_killed_at_the_limit(captured):
+    with RewardRunner(behaving, timeout_s=1.0, workers=2, isolation="process") as runner:
+        start = time.monotonic()
+        batch = runner.score(items("a", "loop", "bb", "loop", "ccc", "sleep"))
+        elapsed = time.monotonic() - start
+        assert batch.scores == [1.0, 0.0, 2.0, 0.0, 3.0, 0.0]
+        assert batch.statuses.count("timeout") == 3
+        assert batch.metrics["reward/timeouts"] == 3.0
+        # Two workers, three stuck items: two rounds of the 1 s limit, not 60 s.
+        assert elapsed < 5.0, elapsed
+        assert sum("ran past its time limit" in m for m in captured) == 1
+        # The killed workers were replaced: the runner keeps working.
+        again = runner.score(items("abcd", "e"))
+        assert again.scores == [4.0, 1.0] and again.metrics["reward/timeouts"] == 0.0
+        stuck = [p for p in runner._pool.procs if p is not None]
+        assert all(p.is_alive() for p in stuck)
+
+
+def test_timeouts_in_threads_are_abandoned_not_waited_for():
+    def slow(item):
+        time.sleep(3 if item.response == "slow" else 0)
+        return 1.0
+
+    with RewardRunner(slow, timeout_s=0.5, workers=2, isolation="thread") as runner:
+        start = time.monotonic()
+        batch = runner.score(items("slow", "x", "y"))
+        assert time.monotonic() - start < 2.5
+    assert batch.scores == [0.0, 1.0, 1.0] and batch.statuses[0] == "timeout"
+
+
+def test_a_worker_that_dies_is_counted_and_replaced():
+    with RewardRunner(behaving, timeout_s=5, workers=1, isolation="process") as runner:
+        batch = runner.score(items("a", "exit", "bb"))
+    assert batch.scores == [1.0, 0.0, 2.0]
+    assert batch.statuses == ["ok", "error", "ok"]
+
+
+def test_closures_and_lambdas_work_in_worker_processes():
+    offset = 10.0
+    with RewardRunner(lambda item: offset + len(item.response), timeout_s=5, workers=2) as runner:
+        assert runner.isolation == "fork"
+        assert runner.score(items("a", "bb")).scores == [11.0, 12.0]
+
+
+def test_items_are_scored_in_parallel():
+    def wait(item):
+        time.sleep(0.5)
+        return 1.0
+
+    with RewardRunner(wait, timeout_s=5, workers=4) as runner:
+        runner.score(items("warm-up"))
+        start = time.monotonic()
+        assert runner.score(items(*"abcd")).scores == [1.0] * 4
+        assert time.monotonic() - start < 1.5
+
+
+def test_empty_batch_and_reuse():
+    with RewardRunner(behaving, timeout_s=1, workers=2) as runner:
+        empty = runner.score([])
+        assert empty.scores == [] and empty.metrics["reward/errors"] == 0.0
+        for _ in range(3):
+            assert runner.score(items("a", "bb")).scores == [1.0, 2.0]
+
+
+def test_order_is_kept_with_many_items():
+    responses = ["x" * (i % 17) for i in range(300)]
+    with RewardRunner(behaving, timeout_s=5, workers=3) as runner:
+        assert runner.score(items(*responses)).scores == [float(len(r)) for r in responses]
+
+
+def test_close_stops_the_workers():
+    runner = RewardRunner(behaving, timeout_s=1, workers=2)
+    runner.score(items("a", "b"))
+    procs = [p for p in runner._pool.procs if p is not None]
+    assert procs
+    runner.close()
+    assert not any(p.is_alive() for p in procs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "phrase"),
+    [({"timeout_s": 0}, "timeout_s"), ({"workers": 0}, "workers"), ({"fn": 3}, "callable")],
+)
+def test_bad_arguments(kwargs, phrase):
+    args = {"fn": behaving, "timeout_s": 1.0, "workers": 1, **kwargs}
+    with pytest.raises(RlcoreError, match=phrase):
+        RewardRunner(**args)
