@@ -98,6 +98,7 @@ class FunctionTool:
     def __init__(self, func: Callable[..., Any], name: str | None = None, description: str | None = None):
         self.func = func
         self.name = name or func.__name__
+        self.takes_table_name = name is None  # the loop names it after its [tools.NAME] table
         summary, _ = _docstring_parts(func)
         self.description = description or summary or f"the function {func.__name__}"
         self.model = arguments_model(func)

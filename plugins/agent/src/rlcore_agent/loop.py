@@ -111,6 +111,7 @@ class ToolLoop:
         self.glue = ChatGlue(tokenizer, [t.schema() for t in tools.values()])
         self._events = EventLoopThread()
         self._semaphore: asyncio.Semaphore | None = None
+        self.last_messages: list[list[dict[str, Any]]] = []  # the conversations of the last run (debugging, tests)
 
     # ------------------------------------------------------------------ public
 
@@ -168,13 +169,14 @@ class ToolLoop:
                     if glue.mismatch:
                         s.counts["template_mismatch"] += 1
                     if len(s.response_ids) + len(glue.ids) >= budget:
-                        s.done, s.finish_reason = True, "length"
+                        self._finish(s, text, "length")
                         continue
                     s.messages.extend([glue.assistant, *messages])
                     s.extend(glue.ids, None)
                 turn += 1
         finally:
             await asyncio.gather(*(self._release(s) for s in states))
+        self.last_messages = [s.messages for s in states]
         return [s.trajectory() for s in states]
 
     @staticmethod
@@ -196,19 +198,20 @@ class ToolLoop:
         truncated = len(ids) < len(comp.token_ids)
         s.extend(ids, lps)
         s.turns += 1
-        if truncated or comp.finish_reason == "length":
-            s.done, s.finish_reason = True, "length"
-            return None
         text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        if truncated or comp.finish_reason == "length":
+            return self._finish(s, text, "length")
         parsed = parse_tool_calls(self._plain(text), self.options.parser)
         if not parsed.wants_tools:
-            s.done, s.finish_reason = True, "stop"
-            return None
+            return self._finish(s, text, "stop")
         if s.turns >= self.options.max_turns:
             s.counts["tool_parse_errors"] += len(parsed.errors)
-            s.done, s.finish_reason = True, "max_turns"
-            return None
+            return self._finish(s, text, "max_turns")
         return text, parsed
+
+    def _finish(self, s: _State, text: str, reason: str) -> None:
+        s.done, s.finish_reason = True, reason
+        s.messages.append({"role": "assistant", "content": self.glue.split_generated(text)[0]})
 
     # ------------------------------------------------------------------ tools
 
@@ -287,6 +290,8 @@ def build(options: ToolLoopOptions, context: Any) -> ToolLoop:
     available: dict[str, Tool] = dict((getattr(context, "extras", None) or {}).get("tools") or {})
     tools: dict[str, Tool] = {}
     for key, tool in available.items():
+        if getattr(tool, "takes_table_name", False):  # a function tool without an explicit name
+            tool.name = key
         tools[getattr(tool, "name", None) or key] = tool
     if options.tools is not None:
         missing = [n for n in options.tools if n not in tools]

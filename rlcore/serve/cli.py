@@ -1,0 +1,72 @@
+"""``rlcore serve MANIFEST``: build the manifest's tokenizer and rollout engine and serve them.
+
+Imports nothing heavy at module level (the CLI imports this module to build its parser).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rlcore.errors import RlcoreError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("manifest", help="the run's TOML manifest ([model] and [rollout] are used)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.KEY=VALUE")
+    parser.add_argument("--model-name", default=None, help="the model id clients use (default: [run] name)")
+    parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def build_server(manifest_path: str, overrides: list[str] | None = None, model_name: str | None = None) -> Any:
+    """The FastAPI app for a manifest: tokenizer from ``[model]``, engine from ``[rollout]``."""
+    from rlcore.interfaces import BuildContext
+    from rlcore.manifest.loader import load_manifest
+    from rlcore.registry import Registry
+    from rlcore.serve.app import create_app
+
+    resolved = load_manifest(manifest_path, list(overrides or []), registry=Registry.discover())
+    cfg = resolved.core
+    from rlcore.trainer import models
+
+    device = cfg.run.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer = models.load_tokenizer(cfg.model)
+    selected = resolved.component("rollout.engine")
+    actor = None
+    if "actor_model" in selected.component.needs:
+        actor = models.load_causal_lm(cfg.model, device)
+        actor.eval()
+    context = BuildContext(
+        manifest=resolved.resolved_dict(),
+        model_path=cfg.model.path,
+        gguf_file=cfg.model.gguf_file,
+        dtype=cfg.model.dtype,
+        device=device,
+        seed=cfg.run.seed,
+        tokenizer=tokenizer,
+        actor=actor,
+    )
+    engine = selected.component.build(selected.options, context)
+    return create_app(
+        engine,
+        tokenizer,
+        model_name=model_name or cfg.run.name,
+        max_tokens=cfg.data.max_response_tokens,
+        stop=list(cfg.rollout.stop),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    app = build_server(args.manifest, args.overrides, args.model_name)
+    try:
+        import uvicorn
+    except ImportError as exc:  # pragma: no cover - uvicorn is a serve dependency
+        raise RlcoreError(f"rlcore serve needs uvicorn and fastapi: pip install fastapi uvicorn ({exc})") from None
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
