@@ -26,6 +26,8 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise RlcoreError(f"data file {str(path)!r} does not exist")
     fmt = file_format(path)
+    if fmt == "json" and not path.read_bytes().strip():
+        return []  # datasets cannot read an empty json file; callers say it is empty
     import datasets
 
     datasets.disable_progress_bars()
