@@ -165,12 +165,13 @@ def parse_spec(spec: str) -> tuple[str, TaskParams]:
 
 
 def task_params(name: str, params: dict[str, Any], where: str = "") -> TaskParams:
-    where = where or f"synthetic task {name!r}"
+    """Validate a task's parameters; ``where`` (e.g. the spec) prefixes the error message."""
+    prefix = f"{where}: " if where else ""
     task = TASKS.get(name)
     if task is None:
         hint = did_you_mean(name, TASKS)
         raise RlcoreError(
-            f"{where}: unknown synthetic task {name!r}"
+            f"{prefix}unknown synthetic task {name!r}"
             + (f"; did you mean {hint!r}?" if hint else "")
             + "; available: "
             + ", ".join(sorted(TASKS))
@@ -182,7 +183,7 @@ def task_params(name: str, params: dict[str, Any], where: str = "") -> TaskParam
             f"{'.'.join(str(x) for x in e['loc']) or 'parameters'}: {e['msg']}" for e in exc.errors()
         )
         allowed = ", ".join(task.params.model_fields)
-        raise RlcoreError(f"{where}: {problems} (parameters of {name!r}: {allowed})") from None
+        raise RlcoreError(f"{prefix or f'synthetic task {name!r}: '}{problems} (parameters of {name!r}: {allowed})") from None
 
 
 def generate(task: str, **params: Any) -> list[dict[str, Any]]:
