@@ -13,3 +13,11 @@ def toy_registry():
     registry = isolated_registry()
     registry.register(ToyComponents(), name="toy", distribution="rlcore-toy", version="9.9")
     return registry
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """A random 2-layer Llama with SmolLM2's real tokenizer, saved as a Hugging Face directory."""
+    from rlcore.testing.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))

@@ -7,6 +7,9 @@ full fine-tuning it is a frozen copy, loaded only when a KL term needs it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,41 @@ def _explain_load_error(what: str, path: str, exc: Exception) -> RlcoreError:
     if not local.exists() and ("/" not in path or path.startswith((".", "/", "~"))):
         return RlcoreError(f"[model] path: {what} {path!r} does not exist ({type(exc).__name__}: {exc})")
     return RlcoreError(f"[model] path: cannot load the {what} from {path!r}: {type(exc).__name__}: {exc}")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RLCORE_CACHE_DIR") or Path.home() / ".cache" / "rlcore")
+
+
+def materialize_gguf(model: ModelTable) -> ModelTable:
+    """A GGUF model converted once into a Hugging Face directory in rlcore's cache.
+
+    transformers de-quantizes a GGUF file and rebuilds its tokenizer on every load, which takes
+    minutes on a small CPU; the converted directory loads in seconds. The cache key is the file's
+    path, size and modification time, so a changed file is converted again.
+    """
+    if not model.gguf_file or model.tokenizer:
+        return model
+    source = Path(model.path) / model.gguf_file
+    if not source.is_file():
+        return model  # a hub id: transformers resolves it (and reports errors) itself
+    stat = source.stat()
+    key = hashlib.sha1(f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = cache_dir() / "gguf" / f"{source.stem}-{key}"
+    if not (target / "config.json").exists():
+        logger.info("converting {} to a Hugging Face directory (once): {}", source.name, target)
+        tokenizer = load_tokenizer(model)
+        lm = load_causal_lm(model.model_copy(update={"dtype": "float32"}), "cpu")
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        lm.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+        del lm
+    return model.model_copy(update={"path": str(target), "gguf_file": None})
 
 
 def load_tokenizer(model: ModelTable):

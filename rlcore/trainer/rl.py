@@ -85,9 +85,10 @@ class RLTrainer:
             logger.warning("--resume: no checkpoint in {}; starting from the beginning", self.run_dir)
 
         logger.info("loading tokenizer and model from {}", cfg.model.path)
-        self.tokenizer = models.load_tokenizer(cfg.model)
-        actor = models.load_causal_lm(cfg.model, self.device)
-        self.actor = models.prepare_actor(actor, cfg.model)
+        self.model_cfg = models.materialize_gguf(cfg.model)
+        self.tokenizer = models.load_tokenizer(self.model_cfg)
+        actor = models.load_causal_lm(self.model_cfg, self.device)
+        self.actor = models.prepare_actor(actor, self.model_cfg)
         if checkpoint is not None:
             load_actor_weights(self.actor, checkpoint)
         self.trainable = [p for p in self.actor.parameters() if p.requires_grad]
@@ -99,7 +100,7 @@ class RLTrainer:
         self.modules: dict[str, torch.nn.Module] = {}
 
         algo = cfg.algorithm
-        self.reference = models.build_reference(self.actor, cfg.model, self.device) if algo.kl_coef > 0 else None
+        self.reference = models.build_reference(self.actor, self.model_cfg, self.device) if algo.kl_coef > 0 else None
 
         context = self._context()
         self.estimator = self._build("algorithm.advantage", context)
@@ -135,8 +136,8 @@ class RLTrainer:
         return BuildContext(
             manifest=self.manifest.resolved_dict(),
             run_dir=str(self.run_dir),
-            model_path=cfg.model.path,
-            gguf_file=cfg.model.gguf_file,
+            model_path=self.model_cfg.path,
+            gguf_file=self.model_cfg.gguf_file,
             dtype=cfg.model.dtype,
             device=self.device,
             seed=cfg.run.seed,
@@ -152,10 +153,11 @@ class RLTrainer:
     def _setup_critic(self) -> None:
         from rlcore.algorithms.value import CriticModel
 
-        cfg = self.cfg
-        kwargs = {"gguf_file": cfg.model.gguf_file} if cfg.model.gguf_file else {}
-        self.critic = CriticModel.from_pretrained(cfg.model.path, torch_dtype=models.torch_dtype(cfg.model.dtype), **kwargs).to(self.device)
-        if cfg.model.gradient_checkpointing and hasattr(self.critic, "gradient_checkpointing_enable"):
+        cfg, model = self.cfg, self.model_cfg
+        self.critic = CriticModel.from_pretrained(
+            model.path, gguf_file=model.gguf_file, torch_dtype=models.torch_dtype(model.dtype)
+        ).to(self.device)
+        if model.gradient_checkpointing:
             self.critic.gradient_checkpointing_enable()
         self.modules["critic"] = self.critic
         self.optimizers["critic"] = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic.lr, betas=cfg.trainer.betas)
