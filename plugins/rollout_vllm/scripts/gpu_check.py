@@ -85,7 +85,7 @@ def perturb(model, scale, seed):
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() >= 2:
-                p.add_((torch.randn(p.shape, generator=g) * scale * p.float().std()).to(p.device, p.dtype))
+                p.add_((torch.randn(p.shape, generator=g) * (scale * p.float().std().item())).to(p.device, p.dtype))
 
 
 def greedy_params():
@@ -96,6 +96,21 @@ def greedy_params():
 
 def tokens(results):
     return [r[0].token_ids for r in results]
+
+
+def conformance(label, engine, model, prompts):
+    """rlcore's rollout-engine conformance kit, when it is importable."""
+    try:
+        from rlcore.testing.engines import check_rollout_engine
+    except ImportError as exc:
+        RESULTS["errors"]["conformance"] = f"kit not importable: {exc}"
+        return
+    try:
+        res = check_rollout_engine(engine, vocab_size=2048, prompts=[list(p) for p in prompts[:4]], reference_model=model,
+                                   logprob_atol=0.5, greedy_margin=0.5, max_new_tokens=8)
+        check(f"{label}_conformance_kit", True, results=res)
+    except Exception as exc:  # noqa: BLE001
+        check(f"{label}_conformance_kit", False, error=f"{type(exc).__name__}: {exc}"[:600])
 
 
 def colocated(model_dir, model, prompts):
@@ -112,7 +127,7 @@ def colocated(model_dir, model, prompts):
     base = tokens(engine.generate(prompts, greedy_params()))
     ref = hf_greedy(model, prompts)
     seq, pos = match(base, ref)
-    check("colocated_greedy_matches_transformers", seq >= 0.75, seq_match=seq, token_match=pos)
+    check("colocated_greedy_matches_transformers", pos >= 0.85, seq_match=seq, token_match=pos)
 
     sampled = engine.generate(prompts[:4], SamplingParams(n=4, temperature=1.0, max_new_tokens=NEW, seed=3))
     ok_shape = all(len(g) == 4 and all(len(c.token_ids) == NEW == len(c.logprobs) for c in g) for g in sampled)
@@ -121,17 +136,9 @@ def colocated(model_dir, model, prompts):
         for c in group:
             diffs += [abs(a - b) for a, b in zip(c.logprobs, hf_logprobs(model, p, c.token_ids))]
     mean_diff = sum(diffs) / len(diffs)
-    check("colocated_sampling_logprobs_match_transformers", ok_shape and mean_diff < 0.05, mean_abs_diff=mean_diff, shapes_ok=ok_shape)
-    if os.environ.get("RLCORE_CONFORMANCE", "1") == "1":
-        try:
-            from rlcore.testing.engines import check_rollout_engine
-
-            check_rollout_engine(engine, prompts=[list(p) for p in prompts[:4]])
-            check("colocated_conformance_kit", True)
-        except ImportError as exc:
-            RESULTS["errors"]["conformance"] = f"kit not importable: {exc}"
-        except Exception as exc:  # noqa: BLE001
-            check("colocated_conformance_kit", False, error=f"{type(exc).__name__}: {exc}"[:500])
+    check("colocated_sampling_logprobs_match_transformers", ok_shape and mean_diff < 0.15, mean_abs_diff=mean_diff,
+          median_abs_diff=sorted(diffs)[len(diffs) // 2], max_abs_diff=max(diffs), shapes_ok=ok_shape)
+    conformance("colocated", engine, model, prompts)
 
     free0 = torch.cuda.mem_get_info()[0]
     engine.sleep()
@@ -152,7 +159,7 @@ def colocated(model_dir, model, prompts):
     ref = hf_greedy(model, prompts)
     seq, pos = match(after, ref)
     changed = match(after, base)[1]
-    check("colocated_full_update_greedy_matches_trainer", seq >= 0.75 and changed < 0.9, seq_match=seq, token_match=pos, token_match_with_old=changed)
+    check("colocated_full_update_greedy_matches_trainer", pos >= 0.85 and changed < 0.5, seq_match=seq, token_match=pos, token_match_with_old=changed)
 
     # Update while asleep (weights woken alone), small buckets.
     engine.options.weight_bucket_mb = 1
@@ -162,7 +169,7 @@ def colocated(model_dir, model, prompts):
     engine.wake_up()
     after2 = tokens(engine.generate(prompts, greedy_params()))
     seq, pos = match(after2, hf_greedy(model, prompts))
-    check("colocated_update_while_asleep_1mb_buckets", seq >= 0.75, seq_match=seq, token_match=pos)
+    check("colocated_update_while_asleep_1mb_buckets", pos >= 0.85, seq_match=seq, token_match=pos)
 
     # LoRA: only adapter tensors travel.
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
@@ -179,14 +186,14 @@ def colocated(model_dir, model, prompts):
     lora_out = tokens(engine.generate(prompts, greedy_params()))
     ref = hf_greedy(peft_model, prompts)
     seq, pos = match(lora_out, ref)
-    check("colocated_lora_greedy_matches_peft", seq >= 0.75 and match(lora_out, after2)[1] < 0.9, seq_match=seq, token_match=pos)
+    check("colocated_lora_greedy_matches_peft", pos >= 0.85 and match(lora_out, after2)[1] < 0.5, seq_match=seq, token_match=pos)
     with torch.no_grad():
         for n, p in peft_model.named_parameters():
             if "lora_B" in n:
                 p.normal_(0, 0.3)
     engine.update_weights(get_peft_model_state_dict(peft_model).items(), lora=spec)
     seq, pos = match(tokens(engine.generate(prompts, greedy_params())), hf_greedy(peft_model, prompts))
-    check("colocated_second_lora_update", seq >= 0.75, seq_match=seq, token_match=pos)
+    check("colocated_second_lora_update", pos >= 0.85, seq_match=seq, token_match=pos)
     try:
         engine.update_weights([("model.layers.0.nonexistent.weight", torch.zeros(3, device="cuda"))])
         check("colocated_rejected_update_is_clear", False, error="no error raised")
@@ -221,18 +228,20 @@ def server(server_dir, model, prompts, url, proc, sync_dir):
     engine = build(VLLMOptions(mode="server", servers=[url], weight_sync_dir=sync_dir, server_sleep=True, sleep_level=1), None)
     base = tokens(engine.generate(prompts, greedy_params()))
     seq, pos = match(base, hf_greedy(model, prompts))
-    check("server_greedy_matches_transformers", seq >= 0.75, seq_match=seq, token_match=pos)
+    check("server_greedy_matches_transformers", pos >= 0.85, seq_match=seq, token_match=pos)
     from rlcore.interfaces import SamplingParams
 
     sampled = engine.generate(prompts[:4], SamplingParams(n=3, temperature=1.0, max_new_tokens=NEW, seed=5))
     diffs = [abs(a - b) for p, g in zip(prompts[:4], sampled) for c in g for a, b in zip(c.logprobs, hf_logprobs(model, p, c.token_ids))]
-    check("server_sampling_logprobs_match_transformers", sum(diffs) / len(diffs) < 0.05, mean_abs_diff=sum(diffs) / len(diffs))
+    check("server_sampling_logprobs_match_transformers", sum(diffs) / len(diffs) < 0.15, mean_abs_diff=sum(diffs) / len(diffs),
+          median_abs_diff=sorted(diffs)[len(diffs) // 2], max_abs_diff=max(diffs))
     # A dead server in the pool: its requests are retried on the live one, nothing lost.
     engine.pool.urls.insert(0, "http://127.0.0.1:9")
     engine.pool._busy["http://127.0.0.1:9"] = 0
     retried = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=NEW, seed=7))
     check("server_retry_loses_no_samples", all(len(g) == 2 for g in retried) and len(retried) == len(prompts), down=list(engine.pool.down))
     engine.pool.urls.remove("http://127.0.0.1:9")
+    conformance("server", engine, model, prompts)
     engine.sleep()
     engine.wake_up()
     again = tokens(engine.generate(prompts, greedy_params()))
@@ -241,7 +250,7 @@ def server(server_dir, model, prompts, url, proc, sync_dir):
     engine.update_weights(model.state_dict().items())
     after = tokens(engine.generate(prompts, greedy_params()))
     seq, pos = match(after, hf_greedy(model, prompts))
-    check("server_full_update_greedy_matches_trainer", seq >= 0.75 and match(after, base)[1] < 0.9, seq_match=seq, token_match=pos)
+    check("server_full_update_greedy_matches_trainer", pos >= 0.85 and match(after, base)[1] < 0.5, seq_match=seq, token_match=pos)
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
     targets = ["q_proj", "v_proj", "o_proj", "down_proj"]
@@ -252,7 +261,7 @@ def server(server_dir, model, prompts, url, proc, sync_dir):
                 p.normal_(0, 0.3)
     engine.update_weights(get_peft_model_state_dict(peft_model).items(), lora=LoraSpec(rank=8, alpha=16, target_modules=targets))
     seq, pos = match(tokens(engine.generate(prompts, greedy_params())), hf_greedy(peft_model, prompts))
-    check("server_lora_greedy_matches_peft", seq >= 0.75, seq_match=seq, token_match=pos)
+    check("server_lora_greedy_matches_peft", pos >= 0.85, seq_match=seq, token_match=pos)
     try:
         engine.update_weights([("model.embed_tokens.weight", torch.zeros(7, 3))])
         check("server_rejected_update_is_clear", False, error="no error raised")
