@@ -7,6 +7,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rlcore
 
@@ -186,3 +188,21 @@ def test_plugin_module_imports_no_torch():
     code = "import sys, rlcore_algo_grpo.plugin; assert 'torch' not in sys.modules; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    scores=st.lists(st.floats(-5, 5, allow_nan=False, width=32), min_size=1, max_size=12),
+    data=st.data(),
+)
+def test_centred_estimators_sum_to_zero_within_each_group(scores, data):
+    """Property: every group's (per-sample) advantages sum to 0 for grpo, dr_grpo and rloo."""
+    groups = data.draw(st.lists(st.integers(0, 3), min_size=len(scores), max_size=len(scores)))
+    batch = AdvantageInput(torch.tensor(scores), torch.zeros(len(scores), 2), torch.ones(len(scores), 2),
+                           torch.tensor(groups))
+    for name in ("grpo", "dr_grpo", "rloo"):
+        adv, _ = build(name)(batch)
+        assert torch.isfinite(adv).all()
+        for g in set(groups):
+            rows = torch.tensor(groups) == g
+            assert abs(float(adv[rows, 0].sum())) < 1e-3 * max(1.0, float(adv[rows, 0].abs().sum())), (name, g)
