@@ -444,7 +444,7 @@ class RLTrainer:
                     )
                     share = float(mask.sum()) / tokens
                     (loss * share * c.value_coef).backward()
-                    total += float(loss) * share
+                    total += float(loss.detach()) * share
                     clip_fracs.append(float(vm.get("critic/vf_clipfrac", 0.0)) * share)
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.trainer.grad_clip)
                 if torch.isfinite(grad_norm):

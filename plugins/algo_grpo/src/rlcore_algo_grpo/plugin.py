@@ -11,11 +11,12 @@ from rlcore_algo_grpo.options import GRPOOptions, GSPOOptions, ReinforcePPOption
 def rlcore_advantage_estimators():
     return [
         Component("grpo", "rlcore_algo_grpo.estimators:build_grpo", GRPOOptions,
-                  "group-normalised outcome advantage: (score - group mean) / (group std + eps)"),
+                  "group-normalised outcome advantage: (score - group mean) / (group std + eps)",
+                  needs={"groups"}),
         Component("dr_grpo", "rlcore_algo_grpo.estimators:build_dr_grpo", NoOptions,
-                  "Dr. GRPO: score - group mean, no std normalisation"),
+                  "Dr. GRPO: score - group mean, no std normalisation", needs={"groups"}),
         Component("rloo", "rlcore_algo_grpo.estimators:build_rloo", NoOptions,
-                  "leave-one-out baseline: score - mean of the other samples of the group"),
+                  "leave-one-out baseline: score - mean of the other samples of the group", needs={"groups"}),
         Component("reinforce_pp", "rlcore_algo_grpo.estimators:build_reinforce_pp", ReinforcePPOptions,
                   "REINFORCE++: per-token discounted returns, whitened over the batch"),
     ]
