@@ -106,6 +106,8 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 MpiDefault=none
 ReturnToService=2
+# Reject at submission a job that can never run (as most clusters do), instead of queueing it.
+EnforcePartLimits=ALL
 # Finished jobs stay visible to scontrol for an hour (there is no sacct here).
 MinJobAge=3600
 KillWait=2

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     table = Table(title="rlcore SLURM jobs")
     for column in ("job", "name", "state", "elapsed", "nodes", "nodelist (reason)", "run directory"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(row.job_id, row.name, row.state, row.elapsed, row.nodes, row.where, row.workdir)
     Console(soft_wrap=True).print(table)

@@ -54,17 +54,23 @@ class SlurmLauncher:
     def follow(self, job_id: str, log: str | Path) -> int:
         """Stream the job's log until the job ends; Ctrl-C cancels the job."""
         follower = LogFollower(log)
-        last_state = ""
+        last_state = last_reason = ""
         try:
             while True:
                 status = slurm.job_status(job_id)
-                if status.state != last_state:
+                if (status.state, status.reason) != (last_state, last_reason):
                     if status.state == "PENDING":
                         why = f" (reason: {status.reason})" if status.reason not in ("", "None") else ""
                         _say(f"job {job_id} is pending{why}")
+                    if status.state == "PENDING" and status.reason.split(",")[0] in slurm.HOPELESS_REASONS:
+                        _say(
+                            f"warning: job {job_id} may never start: SLURM says {status.reason} (the request exceeds "
+                            f"a limit or names something unavailable; see `scontrol show job {job_id}`). "
+                            f"Ctrl-C cancels it."
+                        )
                     elif status.state == "RUNNING":
                         _say(f"job {job_id} is running on {status.nodes}")
-                    last_state = status.state
+                    last_state, last_reason = status.state, status.reason
                 follower.poll()
                 if status.finished:
                     break

@@ -38,6 +38,24 @@ EXPLAIN = {
     "REVOKED": "the job was revoked",
 }
 
+# Pending reasons that do not resolve by waiting (the request exceeds a limit or names something wrong).
+HOPELESS_REASONS = {
+    "PartitionConfig",
+    "PartitionNodeLimit",
+    "PartitionTimeLimit",
+    "PartitionDown",
+    "PartitionInactive",
+    "BadConstraints",
+    "InvalidAccount",
+    "InvalidQOS",
+    "ReqNodeNotAvail",
+    "AssocMaxJobsLimit",
+    "AssocMaxNodesPerJobLimit",
+    "AssocMaxWallDurationPerJobLimit",
+    "QOSMaxNodePerJobLimit",
+    "QOSMaxWallDurationPerJobLimit",
+}
+
 
 class SlurmMissing(UsageError):
     pass
