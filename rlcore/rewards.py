@@ -6,12 +6,23 @@ run: such an item scores 0 and is counted in the batch's metrics.
 
 Why worker *processes*: a Python thread cannot be killed, so a pure-Python infinite loop in a
 thread would keep a core (and the GIL) busy for the rest of the run. A worker process past its
-deadline is killed and replaced. On Linux the workers are *forked*, so lambdas, closures and
-objects built by a plugin's factory work without pickling, and starting one costs milliseconds
-(copy-on-write, even when the trainer holds a model). Workers start at the first batch and are
-reused. Where ``fork`` is missing, a picklable function runs in ``spawn``-ed workers, anything
-else in threads (whose timeouts are then abandoned, not killed). ``isolation="thread"`` asks for
-threads explicitly, e.g. for a function that shares a large in-memory object it must not copy.
+deadline is killed and replaced. How workers start (``isolation``):
+
+- ``fork`` (the default on Linux): lambdas, closures and objects built by a plugin's factory work
+  without pickling, and a worker starts in milliseconds. The cost: a forked child shares the
+  trainer's memory copy-on-write, so pages the trainer rewrites later (weights and optimizer
+  state held on CPU) are kept once more for the workers. Call :meth:`RewardRunner.start` early
+  (before models load) to keep that small.
+- ``forkserver`` or ``spawn`` on request, or where fork is missing: clean, small workers, but the
+  function must pickle, and Python re-imports the main script in each worker, so a script without
+  an ``if __name__ == "__main__":`` guard would run again there. That is why they are not the
+  default. A worker imports the reward's module once, before it is given work: the time limit
+  starts after that. If such workers cannot start, the runner falls back to fork.
+- threads only where no process works (or with ``isolation="thread"``): a call past the limit is
+  then abandoned, not killed.
+
+Workers start at :meth:`RewardRunner.start` or the first batch, all at once, and are reused; a
+killed one is replaced.
 """
 
 from __future__ import annotations
@@ -136,8 +147,8 @@ class PythonReward:
 
     required_fields: frozenset[str] = frozenset()
 
-    def __init__(self, fn: Callable[..., Any], origin: str = "") -> None:
-        self.fn = fn
+    def __init__(self, fn: Callable[..., Any], origin: str = "", target: str = "") -> None:
+        self.fn, self.target = fn, target
         self.origin = origin or getattr(fn, "__qualname__", repr(fn))
         self.style = _detect_style(fn, self.origin)
         self.__name__ = getattr(fn, "__name__", "reward")
@@ -153,6 +164,13 @@ class PythonReward:
 
     def __repr__(self) -> str:
         return f"PythonReward({self.origin}, style={self.style})"
+
+    def __reduce__(self) -> tuple:
+        # A function loaded from a file lives in a module no other process can import by name:
+        # a worker process loads it again from its target instead.
+        if self.target:
+            return (_rebuild_python_reward, (self.target,))
+        return (PythonReward, (self.fn, self.origin))
 
 
 def _detect_style(fn: Callable[..., Any], origin: str) -> str:
@@ -182,7 +200,12 @@ def _detect_style(fn: Callable[..., Any], origin: str) -> str:
 def build_python_reward(options: Any, context: Any = None) -> PythonReward:
     """Factory of the builtin ``python`` reward (options: :class:`rlcore.builtin.options.PythonRewardOptions`)."""
     fn, origin = load_python_function(options.target)
-    return PythonReward(fn, origin)
+    return PythonReward(fn, origin, target=options.target)
+
+
+def _rebuild_python_reward(target: str) -> PythonReward:
+    fn, origin = load_python_function(target)
+    return PythonReward(fn, origin, target=target)
 
 
 # ----------------------------------------------------------------------------- required fields
@@ -261,9 +284,11 @@ def _invoke(fn: Callable[[RewardInput], Any], item: RewardInput) -> tuple:
 # ----------------------------------------------------------------------------- worker pools
 
 
-def _process_worker(fn: Callable, conn: Connection, parent_pid: int) -> None:
-    """Loop in a worker process: receive ``(ticket, item)``, send back ``(ticket, outcome)``."""
+def _process_worker(fn: Callable, conn: Connection) -> None:
+    """Loop in a worker process: say ready, then receive ``(ticket, item)`` and send back
+    ``(ticket, outcome)``. ``fn`` arrives already unpickled (or inherited, when forked)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    parent_pid = os.getppid()  # the trainer (fork) or the fork server, which ends with the trainer
 
     def orphan_watch() -> None:  # exit if the parent died, even while fn loops forever
         while True:
@@ -272,6 +297,7 @@ def _process_worker(fn: Callable, conn: Connection, parent_pid: int) -> None:
                 os._exit(0)
 
     threading.Thread(target=orphan_watch, daemon=True).start()
+    conn.send((0, ("ready",)))
     while True:
         try:
             message = conn.recv()
@@ -289,33 +315,35 @@ def _process_worker(fn: Callable, conn: Connection, parent_pid: int) -> None:
 
 
 class _ProcessPool:
-    """Worker processes, one pipe each. A worker past its deadline is killed and replaced."""
+    """Worker processes, one pipe each. A worker past its deadline is killed and replaced.
 
-    def __init__(self, fn: Callable, size: int, method: str) -> None:
-        self.fn, self.size, self.ctx = fn, size, multiprocessing.get_context(method)
+    ``state[slot]``: None (not running), "starting" (until its ready message), "ready", or
+    "broken" (it failed to start; not retried by this pool)."""
+
+    def __init__(self, fn: Callable, size: int, method: str, start_timeout: float) -> None:
+        self.fn, self.size, self.method = fn, size, method
+        self.ctx = multiprocessing.get_context(method)
+        self.start_timeout = start_timeout
         self.procs: list[Any] = [None] * size
         self.conns: list[Connection | None] = [None] * size
+        self.state: list[str | None] = [None] * size
+        self.start_deadline: list[float] = [0.0] * size
 
-    def _start(self, slot: int) -> None:
+    def start(self, slot: int) -> None:
         parent_end, child_end = self.ctx.Pipe(duplex=True)
         proc = self.ctx.Process(
-            target=_process_worker, args=(self.fn, child_end, os.getpid()), daemon=True, name=f"rlcore-reward-{slot}"
+            target=_process_worker, args=(self.fn, child_end), daemon=True, name=f"rlcore-reward-{slot}"
         )
         proc.start()
         child_end.close()
         self.procs[slot], self.conns[slot] = proc, parent_end
+        self.state[slot], self.start_deadline[slot] = "starting", time.monotonic() + self.start_timeout
 
     def submit(self, slot: int, ticket: int, item: RewardInput) -> None:
-        if self.procs[slot] is None:
-            self._start(slot)
-        try:
-            self.conns[slot].send((ticket, item))  # type: ignore[union-attr]
-        except (BrokenPipeError, OSError):
-            self.replace(slot)
-            self.conns[slot].send((ticket, item))  # type: ignore[union-attr]
+        self.conns[slot].send((ticket, item))  # type: ignore[union-attr]
 
     def wait(self, slots: list[int], timeout: float) -> list[tuple[int, int, tuple]]:
-        by_conn = {self.conns[s]: s for s in slots}
+        by_conn = {self.conns[s]: s for s in slots if self.conns[s] is not None}
         out = []
         for conn in wait_connections(list(by_conn), timeout=max(0.0, timeout)):
             slot = by_conn[conn]  # type: ignore[index]
@@ -324,14 +352,20 @@ class _ProcessPool:
             except (EOFError, OSError):
                 proc = self.procs[slot]
                 proc.join(1.0)
-                code = proc.exitcode
-                self.replace(slot)
-                out.append((slot, -1, ("error", f"the reward worker process died (exit code {code})")))
+                starting = self.state[slot] == "starting"
+                self.stop(slot)
+                if starting:
+                    self.state[slot] = "broken"
+                    out.append((slot, 0, ("start_failed", f"exit code {proc.exitcode}")))
+                else:
+                    out.append((slot, -1, ("error", f"the reward worker process died (exit code {proc.exitcode})")))
                 continue
+            if outcome[0] == "ready":
+                self.state[slot] = "ready"
             out.append((slot, ticket, outcome))
         return out
 
-    def replace(self, slot: int) -> None:
+    def stop(self, slot: int) -> None:
         proc, conn = self.procs[slot], self.conns[slot]
         if proc is not None and proc.is_alive():
             proc.kill()
@@ -339,10 +373,15 @@ class _ProcessPool:
             proc.join(2.0)
         if conn is not None:
             conn.close()
-        self.procs[slot] = self.conns[slot] = None  # restarted lazily by the next submit
+        self.procs[slot] = self.conns[slot] = None
+        self.state[slot] = None
+
+    def replace(self, slot: int) -> None:
+        self.stop(slot)
+        self.start(slot)
 
     def close(self) -> None:
-        for slot, conn in enumerate(self.conns):
+        for conn in self.conns:
             if conn is not None:
                 try:
                     conn.send(None)
@@ -352,7 +391,7 @@ class _ProcessPool:
         for slot, proc in enumerate(self.procs):
             if proc is not None:
                 proc.join(max(0.0, deadline - time.monotonic()))
-            self.replace(slot)
+            self.stop(slot)
 
 
 class _ThreadPool:
@@ -363,11 +402,13 @@ class _ThreadPool:
         self.fn, self.size = fn, size
         self.results: queue.Queue = queue.Queue()
         self.inboxes: list[queue.Queue | None] = [None] * size
+        self.state: list[str | None] = [None] * size
+        self.start_deadline: list[float] = [0.0] * size
         self.abandoned = 0
 
-    def _start(self, slot: int) -> None:
+    def start(self, slot: int) -> None:
         inbox: queue.Queue = queue.Queue()
-        self.inboxes[slot] = inbox
+        self.inboxes[slot], self.state[slot] = inbox, "ready"
 
         def loop() -> None:
             while True:
@@ -380,8 +421,6 @@ class _ThreadPool:
         threading.Thread(target=loop, daemon=True, name=f"rlcore-reward-{slot}").start()
 
     def submit(self, slot: int, ticket: int, item: RewardInput) -> None:
-        if self.inboxes[slot] is None:
-            self._start(slot)
         self.inboxes[slot].put((ticket, item))  # type: ignore[union-attr]
 
     def wait(self, slots: list[int], timeout: float) -> list[tuple[int, int, tuple]]:
@@ -399,13 +438,14 @@ class _ThreadPool:
         if inbox is not None:
             inbox.put(None)  # the thread exits once (if ever) its current call returns
             self.abandoned += 1
-        self.inboxes[slot] = None
+        self.start(slot)
 
     def close(self) -> None:
         for inbox in self.inboxes:
             if inbox is not None:
                 inbox.put(None)
         self.inboxes = [None] * self.size
+        self.state = [None] * self.size
 
 
 # ----------------------------------------------------------------------------- the runner
@@ -425,8 +465,10 @@ class RewardBatch:
 class RewardRunner:
     """Scores items with ``fn`` on ``workers`` workers; a call past ``timeout_s`` scores 0.
 
-    Use as a context manager, or call :meth:`close` when done (workers are daemons, so they also
-    end with the process).
+    ``isolation``: "auto" (processes: forkserver when ``fn`` pickles, else fork; threads where
+    neither works), "process" (the same, never threads), "thread", or a start method ("fork",
+    "forkserver", "spawn"). Use as a context manager, or call :meth:`close` when done (workers are
+    daemons, so they also end with the process).
     """
 
     def __init__(
@@ -435,7 +477,8 @@ class RewardRunner:
         timeout_s: float = 10.0,
         workers: int = 8,
         *,
-        isolation: Literal["auto", "process", "thread"] = "auto",
+        isolation: Literal["auto", "process", "thread", "fork", "forkserver", "spawn"] = "auto",
+        start_timeout_s: float = 120.0,
     ) -> None:
         if not callable(fn):
             raise RlcoreError(f"a reward function must be callable, got {type(fn).__name__}")
@@ -444,38 +487,66 @@ class RewardRunner:
         if workers < 1:
             raise RlcoreError(f"reward workers must be >= 1, got {workers}")
         self.fn, self.timeout_s, self.workers = fn, float(timeout_s), int(workers)
+        self.start_timeout_s = float(start_timeout_s)
         self.isolation = self._choose_isolation(isolation)
         self._pool: _ProcessPool | _ThreadPool | None = None
         self._logged: set[str] = set()
         self._ticket = 0
 
     def _choose_isolation(self, isolation: str) -> str:
+        methods = multiprocessing.get_all_start_methods()
         if isolation == "thread":
             return "thread"
-        methods = multiprocessing.get_all_start_methods()
+        if isolation in ("fork", "forkserver", "spawn"):
+            if isolation not in methods:
+                raise RlcoreError(f"start method {isolation!r} is not available here; available: {', '.join(methods)}")
+            return isolation
         if "fork" in methods:
             return "fork"
         try:
             pickle.dumps(self.fn)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - a lambda, a closure, a local class...
             if isolation == "process":
-                raise RlcoreError(
-                    f"this platform cannot fork, and the reward function cannot be pickled for spawned workers: {exc}"
-                ) from None
+                raise RlcoreError(f"this platform cannot fork, and the reward function cannot be pickled: {exc}") from None
             logger.warning(
-                "reward function cannot be pickled ({}); scoring in threads, where a call past the time limit "
-                "is abandoned but keeps running",
+                "the reward function cannot be pickled ({}) and this platform cannot fork: scoring in threads, "
+                "where a call past the time limit is abandoned but keeps running",
                 exc,
             )
             return "thread"
-        return "spawn"
+        return "forkserver" if "forkserver" in methods else "spawn"
+
+    def start(self) -> "RewardRunner":
+        """Start every worker now and wait until they are ready (optional: the first batch does it).
+        With fork, calling this before the trainer allocates much keeps the workers small."""
+        pool = self._get_pool()
+        for slot in range(self.workers):
+            if pool.state[slot] is None:
+                pool.start(slot)
+        deadline = time.monotonic() + self.start_timeout_s
+        while "starting" in pool.state and time.monotonic() < deadline:
+            slots = [s for s, state in enumerate(pool.state) if state == "starting"]
+            for _, _, outcome in pool.wait(slots, deadline - time.monotonic()):
+                if outcome[0] == "start_failed":
+                    self._log_start_failure(outcome[1])
+        self._fall_back_if_broken()
+        return self
+
+    def _fall_back_if_broken(self) -> None:
+        pool = self._pool
+        if pool is None or "broken" not in pool.state or self.isolation not in ("forkserver", "spawn"):
+            return
+        if "fork" in multiprocessing.get_all_start_methods():
+            logger.warning("reward workers failed to start with {!r}; using 'fork' from now on", self.isolation)
+            self.close()
+            self.isolation = "fork"
 
     def _get_pool(self) -> _ProcessPool | _ThreadPool:
         if self._pool is None:
             if self.isolation == "thread":
                 self._pool = _ThreadPool(self.fn, self.workers)
             else:
-                self._pool = _ProcessPool(self.fn, self.workers, self.isolation)
+                self._pool = _ProcessPool(self.fn, self.workers, self.isolation, self.start_timeout_s)
         return self._pool
 
     def score(self, items: Sequence[RewardInput]) -> RewardBatch:
@@ -485,9 +556,14 @@ class RewardRunner:
         statuses = ["ok"] * n
         item_metrics: list[dict[str, float]] = [{} for _ in range(n)]
         pool = self._get_pool()
+        slots = range(min(self.workers, n))
+        for slot in slots:
+            if pool.state[slot] is None:
+                pool.start(slot)  # all start together; each says when it is ready
+        idle = [slot for slot in slots if pool.state[slot] == "ready"][::-1]
         pending = deque(range(n))
         busy: dict[int, tuple[int, int, float]] = {}  # slot -> (item index, ticket, deadline)
-        idle = list(range(min(self.workers, n)))[::-1]
+        start_failure = ""
 
         def finish(index: int, outcome: tuple) -> None:
             status = outcome[0]
@@ -503,20 +579,43 @@ class RewardRunner:
                 self._ticket += 1
                 pool.submit(slot, self._ticket, items[index])
                 busy[slot] = (index, self._ticket, time.monotonic() + self.timeout_s)
-            next_deadline = min(deadline for _, _, deadline in busy.values())
-            for slot, ticket, outcome in pool.wait(list(busy), next_deadline - time.monotonic()):
-                if slot not in busy or (ticket != -1 and busy[slot][1] != ticket):
-                    continue  # a late answer from an abandoned thread
-                index = busy.pop(slot)[0]
-                finish(index, outcome)
-                idle.append(slot)
+            starting = [slot for slot in slots if pool.state[slot] == "starting"]
+            if pending and not busy and not starting and not idle:
+                # No worker could start: fail the rest rather than wait forever.
+                for index in pending:
+                    finish(index, ("error", f"no reward worker could start ({start_failure})"))
+                break
+            deadlines = [d for _, _, d in busy.values()] + [pool.start_deadline[s] for s in starting]
+            for slot, ticket, outcome in pool.wait(list(busy) + starting, min(deadlines) - time.monotonic()):
+                if outcome[0] == "ready":
+                    idle.append(slot)
+                elif outcome[0] == "start_failed":
+                    start_failure = outcome[1]
+                    self._log_start_failure(outcome[1])
+                elif slot in busy and (ticket == -1 or busy[slot][1] == ticket):
+                    index = busy.pop(slot)[0]
+                    finish(index, outcome)
+                    if ticket == -1:
+                        pool.replace(slot)  # the worker died; a new one says when it is ready
+                    else:
+                        idle.append(slot)
+                # else: a late answer from an abandoned thread
             now = time.monotonic()
             for slot, (index, _, deadline) in list(busy.items()):
                 if now >= deadline:
                     busy.pop(slot)
                     pool.replace(slot)
                     finish(index, ("timeout", f"no result after {self.timeout_s:g} s"))
-                    idle.append(slot)
+                    if pool.state[slot] == "ready":
+                        idle.append(slot)
+            for slot in starting:
+                if pool.state[slot] == "starting" and now >= pool.start_deadline[slot]:
+                    pool.stop(slot)  # type: ignore[union-attr]
+                    pool.state[slot] = "broken"
+                    start_failure = f"no ready message within {self.start_timeout_s:g} s"
+                    self._log_start_failure(start_failure)
+
+        self._fall_back_if_broken()
 
         metrics = {name: float(statuses.count(status)) for status, name in FAILURE_METRICS.items()}
         sums: dict[str, list[float]] = {}
@@ -527,6 +626,11 @@ class RewardRunner:
             metrics[key if key.startswith("reward/") else f"reward/{key}"] = sum(values) / len(values)
         metrics["reward/time_s"] = time.perf_counter() - start
         return RewardBatch(scores=scores, metrics=metrics, statuses=statuses)
+
+    def _log_start_failure(self, detail: str) -> None:
+        if "start" not in self._logged:
+            self._logged.add("start")
+            logger.error("a reward worker process failed to start ({}); its error is printed above", detail)
 
     def _log_first(self, status: str, index: int, item: RewardInput, detail: str) -> None:
         if status in self._logged:

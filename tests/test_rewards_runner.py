@@ -163,3 +163,88 @@ def test_bad_arguments(kwargs, phrase):
     args = {"fn": behaving, "timeout_s": 1.0, "workers": 1, **kwargs}
     with pytest.raises(RlcoreError, match=phrase):
         RewardRunner(**args)
+
+
+class _UnpicklableInAWorker:
+    """Pickles in the trainer, but unpickling it in a fresh worker fails."""
+
+    def __call__(self, item):
+        return 1.0
+
+    def __reduce__(self):
+        return (eval, ("1/0",))
+
+
+def test_forkserver_workers_run_a_python_reward_from_a_file(tmp_path):
+    from rlcore.builtin.options import PythonRewardOptions
+    from rlcore.rewards import build_python_reward
+
+    path = tmp_path / "my_reward.py"
+    path.write_text("def score(item):\n    return float(len(item.response))\n")
+    fn = build_python_reward(PythonRewardOptions(target=f"{path}:score"), None)
+    with RewardRunner(fn, timeout_s=5, workers=2, isolation="forkserver") as runner:
+        runner.start()
+        assert runner._pool.state == ["ready", "ready"]
+        assert runner.score(items("ab", "c", "")).scores == [2.0, 1.0, 0.0]
+        assert runner.isolation == "forkserver"
+
+
+def test_workers_that_cannot_start_fall_back_to_fork(captured):
+    with RewardRunner(_UnpicklableInAWorker(), timeout_s=5, workers=2, isolation="forkserver") as runner:
+        first = runner.score(items("a", "b", "c"))
+        assert first.scores == [0.0, 0.0, 0.0] and first.metrics["reward/errors"] == 3.0
+        assert any("failed to start" in m for m in captured)
+        assert runner.isolation == "fork"
+        assert runner.score(items("a", "b", "c")).scores == [1.0, 1.0, 1.0]
+
+
+def test_start_readies_every_worker():
+    with RewardRunner(behaving, timeout_s=5, workers=3) as runner:
+        runner.start()
+        assert runner._pool.state == ["ready"] * 3
+        pids = [p.pid for p in runner._pool.procs]
+        assert runner.score(items("a", "bb", "ccc", "d")).scores == [1.0, 2.0, 3.0, 1.0]
+        assert [p.pid for p in runner._pool.procs] == pids  # reused, not restarted
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return not any(line.startswith("State:") and "Z" in line for line in f)
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_workers_exit_when_the_trainer_dies(tmp_path):
+    """Even a worker stuck in an infinite loop goes away once its parent is gone."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        "import os, sys, threading, time\n"
+        "from rlcore.interfaces import RewardInput\n"
+        "from rlcore.rewards import RewardRunner\n"
+        "def spin(item):\n"
+        "    while True:\n"
+        "        pass\n"
+        "runner = RewardRunner(spin, timeout_s=600, workers=2).start()\n"
+        "threading.Thread(target=runner.score, args=([RewardInput(response='x')],), daemon=True).start()\n"
+        "time.sleep(0.5)\n"
+        "open(sys.argv[1], 'w').write(' '.join(str(p.pid) for p in runner._pool.procs))\n"
+        "os._exit(0)\n"
+    )
+    pid_file = tmp_path / "pids"
+    subprocess.run([sys.executable, str(script), str(pid_file)], stdout=subprocess.DEVNULL, timeout=60, check=True)
+    pids = [int(p) for p in pid_file.read_text().split()]
+    assert len(pids) == 2
+    try:
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(p) for p in pids)
+    finally:
+        for pid in pids:  # never leave a spinning worker behind, even when the check fails
+            if _alive(pid):
+                os.kill(pid, 9)
