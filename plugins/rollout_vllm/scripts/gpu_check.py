@@ -225,7 +225,7 @@ def server(server_dir, model, prompts, url, proc, sync_dir):
         check("server_unreachable_is_clear", False)
     except Exception as exc:  # noqa: BLE001
         check("server_unreachable_is_clear", "http://127.0.0.1:9" in str(exc), message=str(exc)[:300])
-    engine = build(VLLMOptions(mode="server", servers=[url], weight_sync_dir=sync_dir, server_sleep=True, sleep_level=1), None)
+    engine = build(VLLMOptions(mode="server", servers=[url], weight_sync_dir=sync_dir, server_sleep=True, sleep_level=1, lora_rank=8), None)
     base = tokens(engine.generate(prompts, greedy_params()))
     seq, pos = match(base, hf_greedy(model, prompts))
     check("server_greedy_matches_transformers", pos >= 0.85, seq_match=seq, token_match=pos)

@@ -21,7 +21,7 @@ from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore_rollout_vllm import compat
 from rlcore_rollout_vllm.names import live_engine_args, unknown_arg_message
 from rlcore_rollout_vllm.options import VLLMOptions
-from rlcore_rollout_vllm.translate import engine_kwargs, sampling_kwargs
+from rlcore_rollout_vllm.translate import engine_kwargs, replicate, sampling_kwargs
 from rlcore_rollout_vllm.weights import LoraSpec, buckets, write_adapter
 
 
@@ -29,7 +29,15 @@ def _load_bucket(bucket, model) -> int:
     """Run inside each vLLM worker (via apply_model): load one bucket of HF-named tensors."""
     import torch
 
+    from rlcore_rollout_vllm.weights import with_base_layer
+
     device = next(model.parameters()).device
+    names = [n for n, _ in model.named_parameters()]
+    if any(".base_layer." in n for n in names):  # LoRA enabled: base weights sit one level down
+        wrapped = {n.split(".base_layer.")[0].split(".")[-1] for n in names if ".base_layer." in n}
+        packed = getattr(model, "packed_modules_mapping", None) or {}
+        wrapped |= {sub for key in list(wrapped) for sub in packed.get(key, [])}
+        bucket = list(with_base_layer(bucket, wrapped))
     with torch.no_grad():
         loaded = model.load_weights((name, t.to(device, non_blocking=True)) for name, t in bucket)
     return len(loaded) if loaded is not None else len(bucket)
@@ -75,10 +83,12 @@ class VLLMColocatedEngine:
             raise RlcoreError("vllm engine: generate() called while asleep; call wake_up() first")
         from vllm import SamplingParams as VSamplingParams
 
-        sp = VSamplingParams(**sampling_kwargs(params))
+        kwargs = sampling_kwargs(params)
+        n = kwargs["n"]
+        sp = VSamplingParams(**kwargs)
         inputs = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
         outputs = self.llm.generate(inputs, sp, use_tqdm=False, lora_request=self._lora_request)
-        return [compat.completions_of(out, params.n) for out in outputs]
+        return [replicate(compat.completions_of(out, n), params.n) for out in outputs]
 
     # ------------------------------------------------------------------ sleep
 

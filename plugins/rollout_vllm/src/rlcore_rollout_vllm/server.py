@@ -20,8 +20,8 @@ from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore_rollout_vllm.options import VLLMOptions
 from rlcore_rollout_vllm.pool import ServerError, ServerPool
-from rlcore_rollout_vllm.translate import completion_body, parse_completion
-from rlcore_rollout_vllm.weights import LoraSpec, write_adapter, write_safetensors
+from rlcore_rollout_vllm.translate import completion_body, parse_completion, replicate, samples_to_request
+from rlcore_rollout_vllm.weights import LoraSpec, proj_modules, with_base_layer, write_adapter, write_safetensors
 
 
 class VLLMServerEngine:
@@ -61,7 +61,7 @@ class VLLMServerEngine:
 
         def one(url: str, prompt: Sequence[int]) -> list[Completion]:
             body = self.pool.request(url, "POST", "/v1/completions", json=completion_body(model, prompt, params)).json()
-            return parse_completion(body, params.n, f"vLLM server {url}")
+            return replicate(parse_completion(body, samples_to_request(params), f"vLLM server {url}"), params.n)
 
         return self.pool.map(one, list(prompts), "vLLM generate")
 
@@ -96,6 +96,9 @@ class VLLMServerEngine:
         root = self._sync_dir()
         version = self.weight_version + 1
         path = os.path.join(root, f"weights-v{version}")
+        if self.options.lora_rank:  # servers started with --enable-lora keep base weights under base_layer
+            pairs, wrapped = proj_modules(named_tensors)
+            named_tensors = with_base_layer(pairs, wrapped)
         write_safetensors(named_tensors, path, self.options.weight_bucket_mb << 20)
         try:
             responses = self.pool.broadcast(

@@ -57,10 +57,23 @@ def engine_kwargs(options: VLLMOptions, context: BuildContext | None) -> dict[st
     return kwargs
 
 
+def samples_to_request(params: SamplingParams) -> int:
+    """vLLM refuses n > 1 with greedy sampling; greedy samples are identical, so ask for one."""
+    return 1 if params.temperature == 0 else params.n
+
+
+def replicate(completions: list[Completion], n: int) -> list[Completion]:
+    """Expand one greedy completion to the n the caller asked for (independent copies)."""
+    if len(completions) == n:
+        return completions
+    one = completions[0]
+    return [Completion(list(one.token_ids), list(one.logprobs), one.finish_reason) for _ in range(n)]
+
+
 def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
     """Keyword arguments of ``vllm.SamplingParams``: the sampled token's log-prob is always returned."""
     kw: dict[str, Any] = {
-        "n": params.n,
+        "n": samples_to_request(params),
         "temperature": params.temperature,
         "top_p": params.top_p,
         "top_k": params.top_k if params.top_k > 0 else 0,  # vLLM: 0 disables (-1 is rejected since 0.2x)
@@ -81,7 +94,7 @@ def completion_body(model: str, prompt: Sequence[int], params: SamplingParams) -
     body: dict[str, Any] = {
         "model": model,
         "prompt": [int(t) for t in prompt],
-        "n": params.n,
+        "n": samples_to_request(params),
         "max_tokens": params.max_new_tokens,
         "temperature": params.temperature,
         "top_p": params.top_p,

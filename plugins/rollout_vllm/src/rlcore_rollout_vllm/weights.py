@@ -118,3 +118,20 @@ def write_adapter(named_tensors, spec: LoraSpec, directory: str | os.PathLike[st
     save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
     (out / "adapter_config.json").write_text(json.dumps(spec.adapter_config(), indent=2), encoding="utf-8")
     return str(out)
+
+
+def with_base_layer(named_tensors, wrapped: set[str]):
+    """Rename ``...<module>.weight`` to ``...<module>.base_layer.weight`` for modules that vLLM
+    wrapped for LoRA (with ``enable_lora`` its layers hold the base weights one level down, and
+    the model's ``load_weights`` does not map plain Hugging Face names onto them)."""
+    for name, tensor in named_tensors:
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in wrapped and parts[-1] in ("weight", "bias"):
+            name = ".".join([*parts[:-1], "base_layer", parts[-1]])
+        yield name, tensor
+
+
+def proj_modules(named_tensors) -> tuple[list, set[str]]:
+    """For servers started with LoRA: the modules named ``*_proj`` (the linear layers vLLM wraps)."""
+    pairs = list(as_pairs(named_tensors))
+    return pairs, {n.split(".")[-2] for n, _ in pairs if len(n.split(".")) >= 2 and n.split(".")[-2].endswith("proj")}
