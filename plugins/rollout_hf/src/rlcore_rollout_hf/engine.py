@@ -161,10 +161,9 @@ class HFRolloutEngine:
             bad = [t for t in ids if not 0 <= t < self.vocab_size]
             if bad:
                 raise UsageError(f"prompt {i} has token ids outside the model's vocabulary [0, {self.vocab_size}): {bad[:5]}")
-            if self.max_positions and len(ids) + params.max_new_tokens > self.max_positions:
+            if self.max_positions and len(ids) >= self.max_positions:
                 raise UsageError(
-                    f"prompt {i} has {len(ids)} tokens; with max_new_tokens={params.max_new_tokens} it exceeds "
-                    f"the model's {self.max_positions} positions"
+                    f"prompt {i} has {len(ids)} tokens; the model has only {self.max_positions} positions"
                 )
             checked.append(ids)
         return checked
@@ -242,10 +241,15 @@ class HFRolloutEngine:
         logprobs: list[list[float]] = [[] for _ in range(batch)]
         reasons = ["length"] * batch
         checkers = [StopChecker(stop_ids, params.stop, self.tokenizer) for _ in range(batch)]
+        # A sample also ends ("length") where the model runs out of positions.
+        limits = [
+            min(params.max_new_tokens, self.max_positions - len(p)) if self.max_positions else params.max_new_tokens
+            for p in prompts
+        ]
         live = list(range(batch))  # batch position -> sequence
         done = [False] * batch
         remaining = batch
-        for step in range(params.max_new_tokens):
+        for step in range(max(limits)):
             chosen, chosen_logp = sample_next(logits, params.temperature, params.top_k, params.top_p, generator)
             for seq, token, logp in zip(live, chosen.tolist(), chosen_logp.tolist()):
                 if done[seq]:
@@ -256,7 +260,10 @@ class HFRolloutEngine:
                     done[seq] = True
                     reasons[seq] = "stop"
                     remaining -= 1
-            if remaining == 0 or step == params.max_new_tokens - 1:
+                elif len(tokens[seq]) == limits[seq]:
+                    done[seq] = True
+                    remaining -= 1
+            if remaining == 0:
                 break
             finished = len(live) - remaining
             if finished and finished >= self.options.compact_fraction * len(live):
