@@ -1,0 +1,132 @@
+"""Fixtures for the ray launcher's tests: one real Ray cluster on loopback for the session.
+
+The head is started with ``ray start --head --block`` in a process group of its own, so the
+session stops exactly the processes it started (``ray stop`` would stop every Ray on the host).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rlcore.interfaces import LaunchRequest
+
+RAY_CPUS = 4
+
+
+@dataclass
+class Cluster:
+    address: str  # GCS, for worker-group mode
+    dashboard: str  # Jobs API, for job mode
+    cpus: int
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ray start exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer within {timeout:g} s")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    pytest.importorskip("ray", reason='the ray launcher tests need Ray: pip install "ray[default]"')
+    gcs, dash, client, agent = (free_port() for _ in range(4))
+    temp_dir = tempfile.mkdtemp(prefix="rlray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    argv = [
+        ray_bin, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}", f"--num-cpus={RAY_CPUS}",
+        "--num-gpus=0", "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+        f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}", f"--temp-dir={temp_dir}",
+        "--disable-usage-stats",
+    ]
+    log = open(Path(temp_dir) / "ray-start.log", "w")
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    cluster = Cluster(address=f"127.0.0.1:{gcs}", dashboard=f"http://127.0.0.1:{dash}", cpus=RAY_CPUS)
+    try:
+        _wait_http(f"{cluster.dashboard}/api/version", proc, timeout=180)
+        yield cluster
+    except Exception as exc:
+        log.flush()
+        pytest.fail(f"the test Ray cluster did not start: {exc}\n{(Path(temp_dir) / 'ray-start.log').read_text()[-3000:]}")
+    finally:
+        _stop_group(proc)
+        log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the head's process group (ray start --block then stops its own processes), then SIGKILL what is left."""
+    pgid = proc.pid
+    for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            if proc.poll() is None:
+                pass
+            time.sleep(0.3)
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_ray(monkeypatch):
+    """Tests say where Ray is; an address in the environment must not redirect them."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """A random 2-layer Llama with SmolLM2's real tokenizer (as tests/conftest.py builds it)."""
+    from rlcore.testing.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture
+def launch_request(tmp_path):
+    """``launch_request(manifest=None, run_dir=None, dry_run=False, resume=False)`` -> a LaunchRequest."""
+
+    def make(manifest: dict | None = None, run_dir: Path | None = None, dry_run: bool = False, resume: bool = False):
+        return LaunchRequest(
+            manifest_path=str(tmp_path / "manifest.toml"),
+            resolved_manifest=manifest if manifest is not None else {"run": {"name": "ray-test"}},
+            run_dir=str(run_dir or tmp_path / "run"),
+            resume=resume,
+            dry_run=dry_run,
+        )
+
+    return make
