@@ -27,33 +27,40 @@ from rlcore_agent.python_tool import PythonTool  # noqa: E402
 CALL = '<tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}</tool_call>'
 
 
+def question(expression: str) -> str:
+    return f"Compute {expression}. Put the final answer in \\boxed{{}}."  # the synthetic task's wording
+
+
 def fitted_tool_caller(tok):
-    """A 2-layer Llama that answers any question with CALL (fitted on a few prompts)."""
+    """A 2-layer Llama fitted (a few seconds) to answer arithmetic questions with CALL.
+
+    The tools stay out of the prompt (``tools_in_prompt = false``) to keep sequences short."""
     torch.manual_seed(0)
+    torch.set_num_threads(1)
     config = transformers.LlamaConfig(
         vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=4, max_position_embeddings=2048, eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id, bos_token_id=None, tie_word_embeddings=False,
     )
     model = transformers.LlamaForCausalLM(config)
-    schema = [PythonTool(PythonToolOptions()).schema()]
+    response = tok.encode(CALL, add_special_tokens=False) + [tok.eos_token_id]
     rows = []
-    for question in ("Compute 3 + 4.", "Compute 12 * 5 - 7.", "What is 2 + 2?", "Compute 40 - 9 * 2."):
-        msgs = [{"role": "user", "content": question}]
-        prompt = tok.apply_chat_template(msgs, tools=schema, tokenize=False, add_generation_prompt=True)
-        p_ids = tok.encode(prompt, add_special_tokens=False)
-        r_ids = tok.encode(CALL, add_special_tokens=False) + [tok.eos_token_id]
-        rows.append((p_ids, r_ids))
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for expression in ("3 + 4", "12 * 5 - 7", "2 + 2", "40 - 9 * 2", "8 * 1", "7 - 5"):
+        msgs = [{"role": "user", "content": question(expression)}]
+        prompt = tok.encode(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+        rows.append((prompt, response))
+    width = max(len(p) + len(r) for p, r in rows)
+    pad = tok.pad_token_id
+    ids = torch.tensor([p + r + [pad] * (width - len(p) - len(r)) for p, r in rows])
+    labels = torch.tensor([[-100] * len(p) + r + [-100] * (width - len(p) - len(r)) for p, r in rows])
+    attention = (labels != -100) | (torch.arange(width)[None, :] < torch.tensor([len(p) for p, _ in rows])[:, None])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     model.train()
-    for _ in range(120):
-        for p_ids, r_ids in rows:
-            ids = torch.tensor([p_ids + r_ids])
-            labels = torch.tensor([[-100] * len(p_ids) + r_ids])
-            loss = model(input_ids=ids, labels=labels).loss
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+    for _ in range(80):
+        loss = model(input_ids=ids, attention_mask=attention.long(), labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
     model.eval()
     return model
 
@@ -73,8 +80,10 @@ def test_tool_loop_on_the_hf_engine_with_a_real_model(tok, model):
     registry = Registry.discover()
     engine = registry.get("rollout_engine", "hf").build({}, BuildContext(tokenizer=tok, actor=model, device="cpu"))
     tool = PythonTool(PythonToolOptions())
-    loop = registry.get("agent_loop", "tool").build({"max_turns": 2}, BuildContext(tokenizer=tok, extras={"tools": {"python": tool}}))
-    messages = [{"role": "user", "content": "Compute 6 * 7."}]
+    loop = registry.get("agent_loop", "tool").build(
+        {"max_turns": 2, "tools_in_prompt": False}, BuildContext(tokenizer=tok, extras={"tools": {"python": tool}})
+    )
+    messages = [{"role": "user", "content": question("6 * 7")}]
     prompt = Prompt(token_ids=tok.encode(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False), messages=messages)
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=160, stop_token_ids=[tok.eos_token_id], seed=3)
     out = loop.run([prompt], engine, params)
@@ -128,6 +137,7 @@ def test_grpo_steps_with_the_python_tool(tok, model, tmp_path):
             [agent]
             loop = "tool"
             max_turns = 2
+            tools_in_prompt = false
             [tools.python]
             timeout_s = 5
             [reward]
