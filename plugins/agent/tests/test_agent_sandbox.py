@@ -197,3 +197,19 @@ def test_sandbox_service_and_http_mode():
         proc.wait(10)
     down = asyncio.run(PythonTool(PythonToolOptions(sandbox_url=f"http://127.0.0.1:{port}")).execute("t", {"code": "print(1)"}))
     assert down.error and "sandbox" in down.text
+
+
+def test_fallback_without_bwrap_keeps_the_limits():
+    """isolation = "none" (what `auto` picks where bubblewrap is missing): rlimits, the private uid
+    and directory, and `unshare --net` when running as root."""
+    fallback = PythonTool(PythonToolOptions(isolation="none", **LIMITS))
+    assert run(fallback, "print(2 ** 10)").text == "1024"
+    assert "MemoryError" in run(fallback, "x = bytearray(4 * 1024**3)").text
+    result = run(fallback, "while True:\n    pass")
+    assert result.error and ("CPU time" in result.text or "wall-clock" in result.text)
+    assert "output exceeded" in run(fallback, "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)").text
+    if os.geteuid() == 0:
+        blocked = run(fallback, "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=2)\nprint('connected')")
+        assert blocked.error and "connected" not in blocked.text.replace("Error", "")
+        own = run(fallback, "import os\nprint(os.getuid())")
+        assert int(own.text) >= 1_500_000  # a private uid, not root
