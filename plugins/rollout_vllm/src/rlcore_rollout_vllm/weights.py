@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
+from rlcore.errors import UsageError
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -97,7 +99,7 @@ def write_safetensors(named_tensors, directory: str | os.PathLike[str], max_byte
         save_file({n: t.contiguous().cpu() for n, t in bucket}, str(path), metadata={"format": "pt"})
         written.append(str(path))
     if not written:
-        raise ValueError("update_weights received no tensors")
+        raise UsageError("update_weights received no tensors")
     return written
 
 
@@ -111,10 +113,10 @@ def write_adapter(named_tensors, spec: LoraSpec, directory: str | os.PathLike[st
     out.mkdir(parents=True)
     tensors = {n: t.detach().contiguous().cpu() for n, t in as_pairs(named_tensors)}
     if not tensors:
-        raise ValueError("update_weights(lora=...) received no adapter tensors")
+        raise UsageError("update_weights(lora=...) received no adapter tensors")
     not_lora = [n for n in tensors if "lora_" not in n]
     if not_lora:
-        raise ValueError(f"update_weights(lora=...) expects only LoRA adapter tensors, got e.g. {not_lora[0]!r}")
+        raise UsageError(f"update_weights(lora=...) expects only LoRA adapter tensors, got e.g. {not_lora[0]!r}")
     save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
     (out / "adapter_config.json").write_text(json.dumps(spec.adapter_config(), indent=2), encoding="utf-8")
     return str(out)
