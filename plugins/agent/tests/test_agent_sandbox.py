@@ -145,7 +145,10 @@ def test_sandboxes_cannot_read_each_other(tool):
     assert "TOPSECRET" not in snooped.text and "found []" in snooped.text
 
 
-def test_64_concurrent_executions(tool):
+def test_64_concurrent_executions():
+    # Generous time limits: 64 interpreters start at once on a small (possibly shared) CI machine.
+    tool = PythonTool(PythonToolOptions(timeout_s=120, cpu_time_s=60, max_concurrency=64))
+
     async def many():
         return await asyncio.gather(*(tool.execute(f"t{i}", {"code": f"print({i} * {i})"}) for i in range(64)))
 
