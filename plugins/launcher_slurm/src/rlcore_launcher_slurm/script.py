@@ -246,7 +246,7 @@ def _ray_section(options: SlurmOptions, ray: bool | None) -> list[str]:
         '            "${RLCORE_RAY_START[@]}" &',
         '        RLCORE_RAY_PIDS+=($!)',
         "    done",
-        '    wait_for_ray "${#RLCORE_NODES[@]}"',
+        '    if [ "${#RLCORE_NODES[@]}" -gt 1 ]; then wait_for_ray "${#RLCORE_NODES[@]}"; fi',
         "fi",
         "",
     ]

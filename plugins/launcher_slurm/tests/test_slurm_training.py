@@ -1,0 +1,121 @@
+"""`rlcore run` with `[launcher] name = "slurm"`, end to end: the CLI submits a real batch job whose
+driver is a real `python -m rlcore run` CPU training run of a tiny random model, and follows it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from rlcore_launcher_slurm import slurm
+
+
+def tiny_manifest(directory: Path, model: Path, steps: int = 2, **launcher) -> Path:
+    doc = {
+        "run": {"name": "slurm-e2e", "seed": 3, "threads": 1},
+        "model": {"path": str(model)},
+        "data": {
+            "train": "synthetic:addition?size=64&seed=0&split=train",
+            "val": "synthetic:addition?size=8&seed=0&split=test",
+            "prompts_per_step": 4,
+            "max_prompt_tokens": 128,
+            "max_response_tokens": 6,
+        },
+        "rollout": {"engine": "hf", "samples_per_prompt": 2},
+        "reward": {"function": "gsm8k", "method": "flexible"},
+        "algorithm": {"advantage": "grpo", "policy_loss": "ppo_clip"},
+        "trainer": {"steps": steps, "lr": 1e-3, "loggers": ["console", "jsonl"], "eval_before_train": False},
+        "launcher": {"name": "slurm", "poll_interval": 0.5, **launcher},
+    }
+    path = directory / "manifest.toml"
+    path.write_text(tomli_w.dumps(doc), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from rlcore.testing.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("slurm-tiny-model"))
+
+
+def rlcore(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rlcore", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_cli_dry_run_prints_the_script(tmp_path, tiny_model_dir):
+    manifest = tiny_manifest(tmp_path, tiny_model_dir, nodes=1)
+    run_dir = tmp_path / "out"
+    proc = rlcore("run", str(manifest), "--run-dir", str(run_dir), "--dry-run", "--set", "launcher.nodes=3",
+                  "--set", 'launcher.partition="gpu"', "--set", "trainer.steps=7", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "#SBATCH --nodes=3" in proc.stdout and "#SBATCH --partition=gpu" in proc.stdout
+    driver = re.search(r"^RLCORE_DRIVER=\((.*)\)$", proc.stdout, re.M).group(1)
+    assert shlex.split(driver)[1:] == [
+        "-m", "rlcore", "run", f"{run_dir}/launch/manifest.toml", "--run-dir", str(run_dir)
+    ]
+    assert not run_dir.exists()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_training_run_as_a_slurm_job(slurm_cluster, tmp_path, tiny_model_dir):
+    manifest = tiny_manifest(tmp_path, tiny_model_dir, steps=2, nodes=1, ray="off", cpus_per_task=1, time="10")
+    run_dir = tmp_path / "out"
+    proc = rlcore("run", str(manifest), "--run-dir", str(run_dir), "--set", "trainer.steps=3")
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    job = re.search(r"submitted job (\d+)", out).group(1)
+    # The job's log was streamed while it ran: the driver trained for the overridden 3 steps.
+    for step in (1, 2, 3):
+        assert re.search(rf"^step {step}/3 \|", out, re.M), out
+    assert "[rlcore] driver exited with status 0" in out
+    assert f"[rlcore slurm] job {job} COMPLETED" in out
+    log = (run_dir / "launch" / f"slurm-{job}.log").read_text()
+    assert "step 3/3" in log
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "actor/pg_loss" in r] == [1, 2, 3]
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000003"
+    # The driver ran the local launcher on the manifest the launcher wrote (overrides applied).
+    driver_manifest = (run_dir / "launch" / "manifest.toml").read_text()
+    assert 'name = "local"' in driver_manifest and "steps = 3" in driver_manifest
+    assert slurm.job_status(job).state == "COMPLETED"
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_two_nodes_start_a_ray_cluster_before_the_driver(slurm_cluster, tmp_path, tiny_model_dir):
+    """Ray head on the first node, a worker on the second, both bound to 127.0.0.1 (interface lo)."""
+    if slurm_cluster < 2:
+        pytest.skip("the test cluster has one node (RLCORE_SLURM_NODES=1)")
+    manifest = tiny_manifest(
+        tmp_path, tiny_model_dir, steps=1, nodes=2, network_interface="lo", cpus_per_task=1, time="10",
+        ray_join_timeout=240,
+    )
+    run_dir = tmp_path / "out"
+    proc = rlcore("run", str(manifest), "--run-dir", str(run_dir))
+    out = proc.stdout
+    job = re.search(r"submitted job (\d+)", out).group(1)
+    assert f"is running on rlcore[1-2]" in out
+    assert re.search(r"\[rlcore\] Ray head on rlcore1 at 127\.0\.0\.1:\d+", out), out
+    if importlib.util.find_spec("ray") is None:
+        # Without Ray the job fails at once, saying why, and the driver never starts.
+        assert proc.returncode == 1, out
+        assert "a Ray process exited while the cluster was starting" in out
+        assert "[rlcore] driver on" not in out
+        return
+    assert proc.returncode == 0, out + proc.stderr
+    assert "[rlcore] Ray worker on rlcore2 at 127.0.0.1" in out
+    assert "[rlcore] Ray: 2 of 2 node(s) joined" in out
+    assert out.index("Ray: 2 of 2") < out.index("[rlcore] driver on rlcore1")
+    assert re.search(r"^step 1/1 \|", out, re.M)
+    assert f"job {job} COMPLETED" in out
