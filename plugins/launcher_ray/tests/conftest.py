@@ -86,7 +86,7 @@ def ray_cluster():
 def _stop_group(proc: subprocess.Popen) -> None:
     """SIGTERM the head's process group (ray start --block then stops its own processes), then SIGKILL what is left."""
     pgid = proc.pid
-    for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:
@@ -97,8 +97,6 @@ def _stop_group(proc: subprocess.Popen) -> None:
                 os.killpg(pgid, 0)
             except ProcessLookupError:
                 return
-            if proc.poll() is None:
-                pass
             time.sleep(0.3)
 
 
