@@ -43,13 +43,13 @@ def job_id_in(text: str) -> str:
 
 def test_failing_driver_reports_its_exit_code(slurm_cluster, slurm_launcher, launch_request, capsys, tmp_path):
     """The job runs the real `python -m rlcore run` on a manifest the driver rejects (exit 2)."""
-    code = slurm_launcher(nodes=1).launch(launch_request(manifest={"run": {"name": "broken"}}))
+    code = slurm_launcher(nodes=1, ray="off").launch(launch_request(manifest={"run": {"name": "broken"}}))
     out = capsys.readouterr().out
     assert code == 2
     job = job_id_in(out)
     # The job's log was streamed: the job header, the driver's own error, its exit status.
     assert f"[rlcore] job {job} on rlcore" in out
-    assert "problem" in out and "[model]" in out or "model" in out
+    assert "problems in the manifest" in out and "[model] required key is missing" in out
     assert "[rlcore] driver exited with status 2" in out
     assert f"job {job} FAILED with exit code 2" in out
     log = tmp_path / "run" / "launch" / f"slurm-{job}.log"

@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+from rlcore.errors import RlcoreError
 from rlcore.interfaces import LaunchRequest
 from rlcore.launching import driver_command, driver_manifest_path, write_driver_manifest
 
@@ -15,6 +16,7 @@ from rlcore_launcher_slurm.options import SlurmOptions
 from rlcore_launcher_slurm.script import log_file, render
 
 SCRIPT_NAME = "slurm.sbatch"
+STATUS_GRACE_S = 60.0  # how long SLURM may fail to answer about a job before following stops
 
 
 def _say(message: str) -> None:
@@ -56,8 +58,21 @@ class SlurmLauncher:
         follower = LogFollower(log)
         last_state = last_reason = ""
         try:
+            failing_since: float | None = None
             while True:
-                status = slurm.job_status(job_id)
+                try:
+                    status = slurm.job_status(job_id)
+                    failing_since = None
+                except RlcoreError as exc:
+                    # The controller may be restarting: keep trying for a while before giving up.
+                    failing_since = failing_since or time.monotonic()
+                    if time.monotonic() - failing_since > STATUS_GRACE_S:
+                        raise RlcoreError(
+                            f"lost track of job {job_id} ({exc}); it may still be running: "
+                            f"see `rlcore jobs` and {log}"
+                        ) from exc
+                    time.sleep(self.options.poll_interval)
+                    continue
                 if (status.state, status.reason) != (last_state, last_reason):
                     if status.state == "PENDING":
                         why = f" (reason: {status.reason})" if status.reason not in ("", "None") else ""
