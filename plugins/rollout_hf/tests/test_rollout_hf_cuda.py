@@ -1,0 +1,61 @@
+"""The engine on a CUDA device (skipped without one): sharing, own copy with offload, bfloat16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from rlcore.interfaces import BuildContext, SamplingParams
+from rlcore.testing.engines import check_rollout_engine
+from rlcore_rollout_hf.engine import build
+from rlcore_rollout_hf.options import HFEngineOptions
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+VOCAB = 2048
+
+
+def tiny_llama(seed=0):
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                      tie_word_embeddings=False)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_shared_cuda_actor_passes_the_kit_and_matches_generate():
+    actor = tiny_llama().cuda()
+    engine = build(HFEngineOptions(), BuildContext(actor=actor, device="cuda"))
+    assert engine.shares_actor and engine.device.type == "cuda"
+    results = check_rollout_engine(engine, vocab_size=VOCAB, reference_model=actor)
+    assert set(results.values()) - {"skipped: no tokenizer given"} == {"passed"}, results
+    prompt = [5, 6, 7, 8]
+    ids = torch.tensor([prompt], device="cuda")
+    want = actor.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=10, pad_token_id=0)
+    got = engine.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=10))[0][0].token_ids
+    assert got == want[0, len(prompt):].tolist()[: len(got)]
+
+
+def test_own_copy_offloads_on_sleep_and_follows_update_weights(tmp_path):
+    source = tiny_llama(0)
+    source.save_pretrained(tmp_path / "m")
+    engine = build(HFEngineOptions(offload_weights=True), BuildContext(model_path=str(tmp_path / "m"), device="cuda"))
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    before = engine.generate([[1, 2, 3]], params)
+    engine.sleep()
+    assert next(engine.model.parameters()).device.type == "cpu"
+    engine.wake_up()
+    assert next(engine.model.parameters()).device.type == "cuda"
+    assert engine.generate([[1, 2, 3]], params)[0][0].token_ids == before[0][0].token_ids
+    other = tiny_llama(1)
+    engine.update_weights(other.state_dict().items())  # CPU tensors into CUDA parameters
+    results = check_rollout_engine(engine, vocab_size=VOCAB, reference_model=other.cuda())
+    assert set(results.values()) - {"skipped: no tokenizer given"} == {"passed"}, results
+
+
+def test_bfloat16_engine_passes_the_kit_at_a_bfloat16_tolerance():
+    actor = tiny_llama().cuda().to(torch.bfloat16)
+    engine = build(HFEngineOptions(), BuildContext(actor=actor, device="cuda"))
+    results = check_rollout_engine(engine, vocab_size=VOCAB, reference_model=actor, logprob_atol=0.05, greedy_margin=0.05)
+    assert set(results.values()) - {"skipped: no tokenizer given"} == {"passed"}, results
