@@ -28,7 +28,9 @@ BASE: dict[str, Any] = {
 def deep_update(base: dict, top: dict) -> dict:
     out = json.loads(json.dumps(base))
     for key, value in top.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if value is None:
+            out.pop(key, None)  # None removes a key of the base manifest
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = deep_update(out[key], value)
         else:
             out[key] = value

@@ -38,7 +38,7 @@ class RolloutBatch:
         return [len(p) + len(r) for p, r in zip(self.prompt_ids, self.response_ids)]
 
 
-def build_batch(trajectories: Sequence[Trajectory], scores: Sequence[float], samples_per_prompt: int) -> RolloutBatch:
+def build_batch(trajectories: Sequence[Trajectory], scores: Sequence[float], samples_per_prompt: int, group_offset: int = 0) -> RolloutBatch:
     width = max(1, max((len(t.response_ids) for t in trajectories), default=1))
     size = len(trajectories)
     mask = torch.zeros(size, width)
@@ -50,7 +50,7 @@ def build_batch(trajectories: Sequence[Trajectory], scores: Sequence[float], sam
         mask[row, :n] = torch.tensor(traj.response_mask[:n], dtype=torch.float32)
         rollout_lp[row, :n] = torch.tensor(traj.rollout_logprobs[:n], dtype=torch.float32)
         # Samples of one prompt share a group; identify prompts by their position in the batch.
-        groups.append(group_of_prompt.setdefault(row // samples_per_prompt, len(group_of_prompt)))
+        groups.append(group_offset + group_of_prompt.setdefault(row // samples_per_prompt, len(group_of_prompt)))
     return RolloutBatch(
         trajectories=list(trajectories),
         prompt_ids=[list(t.prompt.token_ids) for t in trajectories],
@@ -130,20 +130,27 @@ def _micro(batch: RolloutBatch, rows: list[int], device) -> MicroBatch:
     )
 
 
-def token_weights(mask: torch.Tensor, mode: str) -> torch.Tensor:
+def mask_totals(mask: torch.Tensor) -> tuple[float, float]:
+    """(masked tokens, sequences with at least one masked token) of a [B, T] mask."""
+    mask = mask.float()
+    return float(mask.sum()), float((mask.sum(-1) > 0).sum())
+
+
+def token_weights(mask: torch.Tensor, mode: str, totals: tuple[float, float] | None = None) -> torch.Tensor:
     """Per-token weights w with loss = sum(w * per_token_loss) for an aggregation mode.
 
     Computed once per mini-batch, so the loss is the same however the mini-batch is split into
-    micro-batches: token-mean 1/M; seq-mean-token-sum 1/S; seq-mean-token-mean 1/(S * len_s),
-    where M counts masked tokens and S sequences with at least one masked token.
+    micro-batches (or ranks): token-mean 1/M; seq-mean-token-sum 1/S; seq-mean-token-mean
+    1/(S * len_s), where M counts masked tokens and S sequences with at least one masked token.
+    ``totals`` gives (M, S) of the whole mini-batch when ``mask`` holds only part of it.
     """
     mask = mask.float()
-    lengths = mask.sum(-1)
-    sequences = (lengths > 0).sum().clamp(min=1)
+    tokens, sequences = totals if totals is not None else mask_totals(mask)
+    tokens, sequences = max(tokens, 1.0), max(sequences, 1.0)
     if mode == "token-mean":
-        return mask / mask.sum().clamp(min=1)
+        return mask / tokens
     if mode == "seq-mean-token-sum":
         return mask / sequences
     if mode == "seq-mean-token-mean":
-        return mask / lengths.clamp(min=1).unsqueeze(-1) / sequences
+        return mask / mask.sum(-1).clamp(min=1).unsqueeze(-1) / sequences
     raise ValueError(f"unknown loss aggregation mode {mode!r}")

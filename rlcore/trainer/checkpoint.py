@@ -67,29 +67,42 @@ class Checkpointer:
         self.keep = keep
 
     def save(self, step: int, *, actor, tokenizer, optimizers: dict[str, Any], schedulers: dict[str, Any],
-             modules: dict[str, torch.nn.Module], state: dict[str, Any]) -> Path:
-        self.root.mkdir(parents=True, exist_ok=True)
+             modules: dict[str, torch.nn.Module], state: dict[str, Any], dist=None) -> Path:
+        """Write a checkpoint. With several ranks every rank calls this: rank 0 writes the full
+        model, each rank its own optimizer shard and RNG state."""
+        from rlcore.trainer.distributed import Distributed, full_state_dict
+
+        dist = dist or Distributed()
         final = self.root / f"step_{step:06d}"
-        tmp = self.root / f".tmp-step_{step:06d}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        actor.save_pretrained(tmp / "model", safe_serialization=True)
-        tokenizer.save_pretrained(tmp / "model")
-        for name, module in modules.items():
-            torch.save(module.state_dict(), tmp / f"{name}.pt")
-        torch.save({k: o.state_dict() for k, o in optimizers.items()}, tmp / "optimizers.pt")
-        torch.save({k: s.state_dict() for k, s in schedulers.items()}, tmp / "schedulers.pt")
-        torch.save(rng_state(), tmp / "rng.pt")
-        # The state file is written last: its presence marks a complete checkpoint.
-        write_atomic_text(tmp / STATE_FILE, json.dumps({**state, "step": step}, indent=2))
-        _fsync_dir(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(self.root)
-        write_atomic_text(self.root / "latest", final.name)
-        self._prune()
-        logger.info("checkpoint saved: {}", final)
+        tmp = self.root / f".tmp-step_{step:06d}"
+        if dist.is_main:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        dist.barrier()
+        model_state = full_state_dict(actor) if dist.enabled else None
+        module_states = {n: full_state_dict(m) if dist.enabled else m.state_dict() for n, m in modules.items()}
+        if dist.is_main:
+            actor.save_pretrained(tmp / "model", safe_serialization=True, **({"state_dict": model_state} if dist.enabled else {}))
+            tokenizer.save_pretrained(tmp / "model")
+            for name, module_state in module_states.items():
+                torch.save(module_state, tmp / f"{name}.pt")
+            torch.save({k: s.state_dict() for k, s in schedulers.items()}, tmp / "schedulers.pt")
+        torch.save({k: o.state_dict() for k, o in optimizers.items()}, tmp / f"optimizers-rank{dist.rank}.pt")
+        torch.save(rng_state(), tmp / f"rng-rank{dist.rank}.pt")
+        dist.barrier()
+        if dist.is_main:
+            # The state file is written last: its presence marks a complete checkpoint.
+            write_atomic_text(tmp / STATE_FILE, json.dumps({**state, "step": step}, indent=2))
+            _fsync_dir(tmp)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync_dir(self.root)
+            write_atomic_text(self.root / "latest", final.name)
+            self._prune()
+            logger.info("checkpoint saved: {}", final)
+        dist.barrier()
         return final
 
     def _prune(self) -> None:
@@ -116,16 +129,26 @@ class Checkpointer:
             raise RlcoreError(f"checkpoint {path} is unreadable: {exc}") from None
 
     @staticmethod
-    def restore(path: Path, *, optimizers: dict[str, Any], schedulers: dict[str, Any], modules: dict[str, torch.nn.Module]) -> None:
+    def restore(path: Path, *, optimizers: dict[str, Any], schedulers: dict[str, Any], modules: dict[str, torch.nn.Module],
+                dist=None) -> None:
+        from rlcore.trainer.distributed import Distributed
+
+        dist = dist or Distributed()
         for name, module in modules.items():
-            module.load_state_dict(torch.load(path / f"{name}.pt", map_location="cpu", weights_only=True))
-        opt_states = torch.load(path / "optimizers.pt", map_location="cpu", weights_only=False)
+            module_state = torch.load(path / f"{name}.pt", map_location="cpu", weights_only=True)
+            if dist.enabled:
+                from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+                set_model_state_dict(module, module_state, options=StateDictOptions(full_state_dict=True))
+            else:
+                module.load_state_dict(module_state)
+        opt_states = torch.load(path / f"optimizers-rank{dist.rank}.pt", map_location="cpu", weights_only=False)
         for k, o in optimizers.items():
             o.load_state_dict(opt_states[k])
         sched_states = torch.load(path / "schedulers.pt", map_location="cpu", weights_only=False)
         for k, s in schedulers.items():
             s.load_state_dict(sched_states[k])
-        set_rng_state(torch.load(path / "rng.pt", map_location="cpu", weights_only=False))
+        set_rng_state(torch.load(path / f"rng-rank{dist.rank}.pt", map_location="cpu", weights_only=False))
 
 
 def load_actor_weights(actor, checkpoint: Path) -> None:

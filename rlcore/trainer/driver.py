@@ -26,9 +26,17 @@ def prepare_run_dir(manifest: ResolvedManifest, run_dir: Path, resume: bool) -> 
 
 
 def run_driver(manifest: ResolvedManifest, run_dir: str | Path, resume: bool = False) -> int:
+    """Train in this process. Under torchrun-style variables (WORLD_SIZE > 1) this is one rank:
+    rank 0 prepares the run directory and writes logs, metrics and checkpoints."""
+    import os
+
     run_dir = Path(run_dir)
-    prepare_run_dir(manifest, run_dir, resume)
-    sink_id = logger.add(run_dir / "run.log", level="DEBUG", enqueue=False)
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        prepare_run_dir(manifest, run_dir, resume)
+    log_file = run_dir / ("run.log" if rank == 0 else f"run.rank{rank}.log")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    sink_id = logger.add(log_file, level="DEBUG", enqueue=False)
     try:
         from rlcore.trainer.rl import RLTrainer
 

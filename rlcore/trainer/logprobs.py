@@ -42,21 +42,45 @@ def _split_model(model):
     return decoder, head
 
 
+class TokenLogprobs(torch.nn.Module):
+    """A causal LM seen as "per-token log-probs of given targets".
+
+    A module of its own so that FSDP can shard it as the root: its forward then gathers the
+    embedding and LM head like any other sharded forward, although they are used piecewise.
+    """
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids, position_ids, select, targets, temperature: float = 1.0, with_entropy: bool = False,
+                chunk_tokens: int = CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
+        return _logprobs(self.lm, input_ids, position_ids, select, targets, temperature, with_entropy, chunk_tokens)
+
+
 def token_logprobs(
     model, micro: MicroBatch, temperature: float = 1.0, with_entropy: bool = False, chunk_tokens: int = CHUNK_TOKENS
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``(logprobs [M], entropy [M])`` of ``micro.targets`` (entropy zeros when not asked)."""
+    """Return ``(logprobs [M], entropy [M])`` of ``micro.targets`` (entropy zeros when not asked).
+
+    ``model`` is a causal LM or a :class:`TokenLogprobs` around one."""
+    if isinstance(model, TokenLogprobs):
+        return model(micro.input_ids, micro.position_ids, micro.select, micro.targets, temperature, with_entropy, chunk_tokens)
+    return _logprobs(model, micro.input_ids, micro.position_ids, micro.select, micro.targets, temperature, with_entropy, chunk_tokens)
+
+
+def _logprobs(model, input_ids, position_ids, select, targets, temperature, with_entropy, chunk_tokens):
     decoder, head = _split_model(model)
     if decoder is None:
-        logits = model(input_ids=micro.input_ids, position_ids=micro.position_ids, use_cache=False).logits[0]
-        return _from_logits(logits[micro.select], micro.targets, temperature, with_entropy)
-    hidden = decoder(input_ids=micro.input_ids, position_ids=micro.position_ids, use_cache=False).last_hidden_state[0]
-    hidden = hidden[micro.select]
+        logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[0]
+        return _from_logits(logits[select], targets, temperature, with_entropy)
+    hidden = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state[0]
+    hidden = hidden[select]
     grad = torch.is_grad_enabled()
     outs_lp, outs_ent = [], []
     for start in range(0, hidden.shape[0], chunk_tokens):
         h = hidden[start : start + chunk_tokens]
-        t = micro.targets[start : start + chunk_tokens]
+        t = targets[start : start + chunk_tokens]
         if grad:
             lp, ent = checkpoint(_head_chunk, h, head.weight, head.bias, t, temperature, with_entropy, use_reentrant=False)
         else:

@@ -28,10 +28,11 @@ from rlcore.interfaces import (
 )
 from rlcore.manifest.loader import ResolvedManifest
 from rlcore.trainer import models
-from rlcore.trainer.batch import RolloutBatch, build_batch, pack, token_weights
+from rlcore.trainer.batch import MicroBatch, RolloutBatch, build_batch, mask_totals, pack, token_weights
 from rlcore.trainer.checkpoint import Checkpointer, load_actor_weights
 from rlcore.trainer.data_cursor import DataCursor
-from rlcore.trainer.logprobs import token_logprobs
+from rlcore.trainer.distributed import Distributed, clip_grad_norm, combine_metrics, fsdp_wrap, unsharded
+from rlcore.trainer.logprobs import TokenLogprobs, token_logprobs
 
 
 class Timer:
@@ -66,6 +67,7 @@ class RLTrainer:
         self.resume = resume
         self.step = 0
         self.checkpointer = Checkpointer(self.run_dir, keep=self.cfg.trainer.keep_checkpoints)
+        self.critic = None
 
     # ------------------------------------------------------------------ set-up
 
@@ -74,6 +76,14 @@ class RLTrainer:
         self.device = cfg.run.device if cfg.run.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise RlcoreError("[run] device = \"cuda\" but no CUDA device is available")
+        self.dist = Distributed.from_env(self.device)
+        if self.device == "cuda":
+            self.device = f"cuda:{self.dist.local_rank}"
+        if cfg.data.prompts_per_step % (self.dist.world * cfg.algorithm.mini_batches):
+            raise RlcoreError(
+                f"data.prompts_per_step = {cfg.data.prompts_per_step} must be divisible by the number of ranks "
+                f"({self.dist.world}) times algorithm.mini_batches ({cfg.algorithm.mini_batches})"
+            )
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         if cfg.run.deterministic:
@@ -91,6 +101,9 @@ class RLTrainer:
         self.actor = models.prepare_actor(actor, self.model_cfg)
         if checkpoint is not None:
             load_actor_weights(self.actor, checkpoint)
+        self.policy = TokenLogprobs(self.actor)
+        if self.dist.enabled:
+            fsdp_wrap(self.policy, self._dummy_forward)
         self.trainable = [p for p in self.actor.parameters() if p.requires_grad]
         t = cfg.trainer
         self.optimizers: dict[str, torch.optim.Optimizer] = {
@@ -112,6 +125,11 @@ class RLTrainer:
         self.tools = {s.role.split(".", 1)[1]: s.component.build(s.options, context) for s in self.manifest.roles("tools")}
         context.extras["tools"] = self.tools
         self.engine = self._build("rollout.engine", context)
+        if self.dist.enabled and not getattr(self.engine, "shares_actor", False):
+            raise RlcoreError(
+                f"rollout engine {self.manifest.component('rollout.engine').component.name!r} does not share the actor's "
+                "weights; with several training ranks only an engine that does (the hf engine) is supported yet"
+            )
         self.agent = self._build("agent.loop", context)
         reward = self.manifest.component("reward.function")
         self.reward_fn = reward.component.build(reward.options, context)
@@ -123,13 +141,19 @@ class RLTrainer:
         state: dict[str, Any] = {}
         if checkpoint is not None:
             state = self.checkpointer.read_state(checkpoint)
-            self.checkpointer.restore(checkpoint, optimizers=self.optimizers, schedulers=self.schedulers, modules=self.modules)
+            self.checkpointer.restore(
+                checkpoint, optimizers=self.optimizers, schedulers=self.schedulers, modules=self.modules, dist=self.dist
+            )
             self.step = int(state["step"])
             self.cursor.load(state["data"])
+            if int(state.get("world_size", 1)) != self.dist.world:
+                raise RlcoreError(
+                    f"checkpoint {checkpoint} was written by {state.get('world_size', 1)} ranks; resume it with as many"
+                )
             logger.info("resumed from {} (step {})", checkpoint, self.step)
         context.extras["resume_step"] = self.step if checkpoint is not None else None
         context.extras["total_steps"] = t.steps
-        self.sinks = [s.component.build(s.options, context) for s in self.manifest.roles("loggers")]
+        self.sinks = [s.component.build(s.options, context) for s in self.manifest.roles("loggers")] if self.dist.is_main else []
 
     def _context(self) -> BuildContext:
         cfg = self.cfg
@@ -157,6 +181,8 @@ class RLTrainer:
         self.critic = CriticModel.from_pretrained(
             model.path, gguf_file=model.gguf_file, torch_dtype=models.torch_dtype(model.dtype)
         ).to(self.device)
+        if self.dist.enabled:
+            fsdp_wrap(self.critic, self._dummy_forward)
         if model.gradient_checkpointing:
             self.critic.gradient_checkpointing_enable()
         self.modules["critic"] = self.critic
@@ -181,6 +207,9 @@ class RLTrainer:
             )
         self.cursor = DataCursor(len(self.train_set.prompts), seed=self.cfg.run.seed, shuffle=d.shuffle)
 
+    def _rank(self) -> int:
+        return self.dist.rank if hasattr(self, "dist") else 0
+
     def _sampling(self, *, train: bool, step: int = 0) -> SamplingParams:
         r = self.cfg.rollout
         eos = _eos_ids(self.tokenizer, self.actor) if hasattr(self, "tokenizer") else []
@@ -192,8 +221,8 @@ class RLTrainer:
             max_new_tokens=self.cfg.data.max_response_tokens,
             stop_token_ids=eos,
             stop=list(r.stop),
-            # A seed per step keeps a resumed run on the same samples as an uninterrupted one.
-            seed=(self.cfg.run.seed * 1_000_003 + step * 2 + (0 if train else 1)) % (2**31),
+            # A seed per step (and rank) keeps a resumed run on the same samples as an uninterrupted one.
+            seed=(self.cfg.run.seed * 1_000_003 + step * 2 + (0 if train else 1) + 7919 * self._rank()) % (2**31),
         )
 
     # ------------------------------------------------------------------ the loop
@@ -220,6 +249,7 @@ class RLTrainer:
             close = getattr(self.rewards, "close", None)
             if callable(close):
                 close()
+            self.dist.close()
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         for sink in self.sinks:
@@ -231,7 +261,8 @@ class RLTrainer:
             wake()
         was_training = self.actor.training
         try:
-            return self.agent.run(prompts, self.engine, params)
+            with unsharded(self.policy):
+                return self.agent.run(prompts, self.engine, params)
         finally:
             self.actor.train(was_training)
             sleep = getattr(self.engine, "sleep", None)
@@ -259,22 +290,23 @@ class RLTrainer:
         metrics: dict[str, Any] = {}
         with timer("step"):
             indices = self.cursor.take(cfg.data.prompts_per_step)
-            prompts = [self.train_set.prompts[i] for i in indices]
+            local = self.dist.shard(list(range(len(indices))))
+            prompts = [self.train_set.prompts[indices[i]] for i in local]
             params = self._sampling(train=True, step=self.step)
             with timer("gen"):
                 trajectories = self.rollout(prompts, params)
             with timer("reward"):
                 scores, reward_metrics = self.score(trajectories)
             metrics.update(reward_metrics)
-            batch = build_batch(trajectories, scores, params.n)
+            batch = build_batch(trajectories, scores, params.n, group_offset=self.dist.rank * len(prompts))
             self.actor.train()
             recompute_old = algo.ppo_epochs > 1 or algo.mini_batches > 1 or algo.tis_cap is not None
             if recompute_old:
                 with timer("old_log_prob"):
-                    batch.tensors["old_logprobs"] = self._logprobs(self.actor, batch, params.temperature)
+                    batch.tensors["old_logprobs"] = self._logprobs(self.policy, batch, params.temperature)
             if self.reference is not None:
                 with timer("ref"), self.reference.policy() as ref:
-                    batch.tensors["ref_logprobs"] = self._logprobs(ref, batch, params.temperature)
+                    batch.tensors["ref_logprobs"] = self._logprobs(self.policy if ref is self.actor else ref, batch, params.temperature)
             if self.critic is not None:
                 with timer("values"):
                     batch.tensors["values"] = self._values(batch)
@@ -294,18 +326,34 @@ class RLTrainer:
         metrics["perf/throughput"] = tokens / max(timer.times["timing_s/step"], 1e-9)
         metrics["training/epoch"] = self.cursor.epoch
         metrics["actor/lr"] = self.schedulers["actor"].get_last_lr()[0]
-        return metrics
+        return combine_metrics(self.dist.gather(metrics)) if self.dist.enabled else metrics
 
     # ------------------------------------------------------------------ pieces of a step
 
-    def _micro_batches(self, batch: RolloutBatch, rows=None):
+    def _micro_batches(self, batch: RolloutBatch, rows=None) -> list[MicroBatch | None]:
+        """Packed micro-batches of ``rows``; with several ranks, padded with ``None`` (a dummy
+        forward) to the largest count, since every sharded forward is a collective."""
         rows = range(batch.size) if rows is None else rows
-        return pack(batch, list(rows), self.cfg.trainer.micro_batch_tokens, self.device)
+        micro: list[MicroBatch | None] = list(pack(batch, list(rows), self.cfg.trainer.micro_batch_tokens, self.device))
+        return micro + [None] * (self.dist.max(len(micro)) - len(micro))
+
+    def _dummy_forward(self, model) -> torch.Tensor:
+        """A forward whose loss is 0 but reaches every parameter (keeps ranks in step)."""
+        ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
+        if model is self.critic:
+            return model(input_ids=ids).float().sum() * 0.0
+        one = torch.zeros(1, dtype=torch.long, device=self.device)
+        model = model if isinstance(model, TokenLogprobs) else TokenLogprobs(model)
+        lp, _ = model(ids, torch.arange(2, device=self.device).unsqueeze(0), one, one)
+        return lp.sum() * 0.0
 
     @torch.no_grad()
     def _logprobs(self, model, batch: RolloutBatch, temperature: float) -> torch.Tensor:
         out = torch.zeros(batch.size, batch.width)
         for micro in self._micro_batches(batch):
+            if micro is None:
+                self._dummy_forward(model)
+                continue
             lp, _ = token_logprobs(model, micro, _train_temperature(temperature))
             out[micro.rows] = micro.scatter(lp.float(), batch.width).cpu()
         return out * batch.response_mask
@@ -314,6 +362,9 @@ class RLTrainer:
     def _values(self, batch: RolloutBatch) -> torch.Tensor:
         out = torch.zeros(batch.size, batch.width)
         for micro in self._micro_batches(batch):
+            if micro is None:
+                self._dummy_forward(self.critic)
+                continue
             values = self.critic(input_ids=micro.input_ids, position_ids=micro.position_ids)[0][micro.select]
             out[micro.rows] = micro.scatter(values.float(), batch.width).cpu()
         return out * batch.response_mask
@@ -333,7 +384,7 @@ class RLTrainer:
             kl = kl_penalty(old, batch.tensors["ref_logprobs"], algo.kl_estimator) * mask
             token_rewards = token_rewards - algo.kl_coef * kl
             metrics["actor/reward_kl_penalty"] = (kl.sum() / mask.sum().clamp(min=1)).item()
-        advantages, returns = self.estimator(
+        advantages, returns = self._estimate(
             AdvantageInput(
                 scores=batch.scores,
                 token_rewards=token_rewards,
@@ -345,6 +396,25 @@ class RLTrainer:
         batch.tensors["advantages"] = advantages.float() * mask
         batch.tensors["returns"] = returns.float() * mask
         batch.tensors["token_rewards"] = token_rewards
+
+    def _estimate(self, local: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the estimator on the whole step's batch (gathered from every rank), so group and
+        batch statistics are those one process would compute; return this rank's rows."""
+        if not self.dist.enabled:
+            return self.estimator(local)
+        fields = ("scores", "token_rewards", "response_mask", "group_ids", "values")
+        parts = self.dist.gather({f: getattr(local, f) for f in fields})
+        width = max(p["response_mask"].shape[1] for p in parts)
+        pad = lambda t: None if t is None else torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
+        merged = {
+            f: (None if parts[0][f] is None else torch.cat([p[f] if p[f].dim() == 1 else pad(p[f]) for p in parts]))
+            for f in fields
+        }
+        advantages, returns = self.estimator(AdvantageInput(**merged))
+        start = sum(p["scores"].shape[0] for p in parts[: self.dist.rank])
+        rows = slice(start, start + local.scores.shape[0])
+        cols = local.response_mask.shape[1]
+        return advantages[rows, :cols], returns[rows, :cols]
 
     def _mini_batches(self, batch: RolloutBatch) -> list[list[int]]:
         """Split rows into mini-batches along prompt groups, so a group stays together."""
@@ -366,11 +436,16 @@ class RLTrainer:
             for rows in self._mini_batches(batch):
                 optimizer.zero_grad(set_to_none=True)
                 mask_rows = batch.response_mask[rows]
-                weights_all = token_weights(mask_rows, algo.loss_agg_mode)
+                tokens, sequences = mask_totals(mask_rows)
+                totals = (self.dist.sum(tokens), self.dist.sum(sequences))
+                weights_all = token_weights(mask_rows, algo.loss_agg_mode, totals)
                 row_pos = {r: i for i, r in enumerate(rows)}
                 acc: dict[str, float] = defaultdict(float)
                 for micro in self._micro_batches(batch, rows):
-                    lp, ent = token_logprobs(self.actor, micro, temperature, with_entropy=need_entropy)
+                    if micro is None:
+                        self._dummy_forward(self.policy).backward()
+                        continue
+                    lp, ent = token_logprobs(self.policy, micro, temperature, with_entropy=need_entropy)
                     logprobs = micro.scatter(lp, batch.width)
                     entropy = micro.scatter(ent, batch.width)
                     dev = logprobs.device
@@ -404,17 +479,20 @@ class RLTrainer:
                         kl_loss = (kl_penalty(logprobs, ref, algo.kl_estimator) * weights).sum()
                         loss = loss + algo.kl_coef * kl_loss
                         acc["actor/kl_loss"] += kl_loss.item()
-                    loss.backward()
+                    # FSDP averages gradients over ranks; the weights already normalise globally.
+                    (loss * self.dist.world).backward()
                     acc["actor/entropy"] += float((entropy.detach() * weights).sum())
                     for key, value in pg_metrics.items():
                         acc[f"actor/{key}"] += float(value) * share
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, t.grad_clip)
-                if torch.isfinite(grad_norm):
+                # Each rank holds its share of every sum; add them up.
+                acc = {k: self.dist.sum(v) for k, v in sorted(acc.items())}
+                grad_norm = clip_grad_norm(self.trainable, t.grad_clip, self.dist)
+                if math.isfinite(grad_norm):
                     optimizer.step()
                 else:
                     logger.warning("step {}: non-finite gradient norm; the update is skipped", self.step + 1)
                     sums["actor/skipped_updates"].append(1.0)
-                acc["actor/grad_norm"] = float(grad_norm)
+                acc["actor/grad_norm"] = grad_norm
                 for key, value in acc.items():
                     sums[key].append(value)
         self.schedulers["actor"].step()
@@ -431,8 +509,11 @@ class RLTrainer:
                 optimizer.zero_grad(set_to_none=True)
                 total = 0.0
                 clip_fracs = []
-                tokens = float(batch.response_mask[rows].sum().clamp(min=1))
+                tokens = max(self.dist.sum(float(batch.response_mask[rows].sum())), 1.0)
                 for micro in self._micro_batches(batch, rows):
+                    if micro is None:
+                        self._dummy_forward(self.critic).backward()
+                        continue
                     values = self.critic(input_ids=micro.input_ids, position_ids=micro.position_ids)[0][micro.select]
                     sel = micro.rows
                     values = micro.scatter(values.float(), batch.width)
@@ -443,15 +524,15 @@ class RLTrainer:
                         mask, c.value_clip, "token-mean",
                     )
                     share = float(mask.sum()) / tokens
-                    (loss * share * c.value_coef).backward()
+                    (loss * share * c.value_coef * self.dist.world).backward()
                     total += float(loss.detach()) * share
                     clip_fracs.append(float(vm.get("critic/vf_clipfrac", 0.0)) * share)
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.trainer.grad_clip)
-                if torch.isfinite(grad_norm):
+                grad_norm = clip_grad_norm(list(self.critic.parameters()), self.cfg.trainer.grad_clip, self.dist)
+                if math.isfinite(grad_norm):
                     optimizer.step()
-                sums["critic/vf_loss"].append(total)
-                sums["critic/vf_clipfrac"].append(sum(clip_fracs))
-                sums["critic/grad_norm"].append(float(grad_norm))
+                sums["critic/vf_loss"].append(self.dist.sum(total))
+                sums["critic/vf_clipfrac"].append(self.dist.sum(sum(clip_fracs)))
+                sums["critic/grad_norm"].append(grad_norm)
         self.schedulers["critic"].step()
         return {k: sum(v) / len(v) for k, v in sums.items()}
 
@@ -503,21 +584,25 @@ class RLTrainer:
         assert self.val_set is not None
         params = self._sampling(train=False, step=self.step)
         start = time.perf_counter()
-        trajectories = self.rollout(self.val_set.prompts, params)
+        trajectories = self.rollout(self.dist.shard(self.val_set.prompts), params)
         scores, _ = self.score(trajectories)
+        results = [
+            (t.prompt.data_source or "default", t.prompt.index, s, len(t.response_ids)) for t, s in zip(trajectories, scores)
+        ]
+        results = [r for part in self.dist.gather(results) for r in part]
         by_source: dict[str, list[float]] = defaultdict(list)
         passed: dict[str, dict[int, bool]] = defaultdict(dict)
-        for t, s in zip(trajectories, scores):
-            src = t.prompt.data_source or "default"
+        for src, index, s, _ in results:
             by_source[src].append(s)
-            passed[src][t.prompt.index] = passed[src].get(t.prompt.index, False) or s > 0
+            passed[src][index] = passed[src].get(index, False) or s > 0
+        scores = [r[2] for r in results]
         metrics: dict[str, float] = {"val/reward/mean": sum(scores) / max(len(scores), 1)}
         for src, values in by_source.items():
             metrics[f"val/{src}/reward/mean"] = sum(values) / len(values)
             metrics[f"val/{src}/pass@1"] = sum(v > 0 for v in values) / len(values)
             if params.n > 1:
                 metrics[f"val/{src}/pass@{params.n}"] = sum(passed[src].values()) / len(passed[src])
-        metrics["val/response_length/mean"] = sum(len(t.response_ids) for t in trajectories) / max(len(trajectories), 1)
+        metrics["val/response_length/mean"] = sum(r[3] for r in results) / max(len(results), 1)
         metrics["timing_s/val"] = time.perf_counter() - start
         return metrics
 
@@ -529,7 +614,8 @@ class RLTrainer:
             optimizers=self.optimizers,
             schedulers=self.schedulers,
             modules=self.modules,
-            state={"data": self.cursor.state()},
+            state={"data": self.cursor.state(), "world_size": self.dist.world},
+            dist=self.dist,
         )
 
     def export(self, target: Path) -> Path:

@@ -1,0 +1,191 @@
+"""SPMD training across processes, set up from torchrun's environment variables.
+
+Every rank runs the same trainer on its share of each step's prompts. The actor (and critic) are
+sharded with FSDP2; whatever must be global -- advantages (group and batch statistics), the loss
+normaliser, metrics -- is gathered, so N ranks compute what one process would. Launchers (Ray,
+SLURM, torchrun) only have to start the ranks with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+MASTER_PORT set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from datetime import timedelta
+from typing import Any, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+
+from rlcore.errors import RlcoreError
+
+# How metrics of the ranks combine into one value (default: the mean).
+_SUM_KEYS = ("perf/total_num_tokens", "perf/throughput", "reward/errors", "reward/timeouts", "agent/tool_errors/sum")
+
+
+class Distributed:
+    """This process's place among the ranks; a single process is rank 0 of 1."""
+
+    def __init__(self, rank: int = 0, world: int = 1, local_rank: int = 0):
+        self.rank, self.world, self.local_rank = rank, world, local_rank
+
+    @classmethod
+    def from_env(cls, device: str) -> "Distributed":
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return cls()
+        rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+        if not dist.is_initialized():
+            missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+            if missing:
+                raise RlcoreError(f"WORLD_SIZE={world} but {', '.join(missing)} is not set; start ranks with torchrun or a launcher")
+            backend = "nccl" if device == "cuda" else "gloo"
+            if device == "cuda":
+                torch.cuda.set_device(local_rank)
+            timeout = timedelta(seconds=float(os.environ.get("RLCORE_DIST_TIMEOUT_S", "900")))
+            dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+        return cls(rank, world, local_rank)
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def shard(self, items: Sequence[Any]) -> list[Any]:
+        return list(items[self.rank :: self.world]) if self.enabled else list(items)
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order (picklable objects; tensors travel on the CPU)."""
+        if not self.enabled:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def sum(self, value: float) -> float:
+        if not self.enabled:
+            return value
+        t = torch.tensor([float(value)], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t.item())
+
+    def max(self, value: int) -> int:
+        if not self.enabled:
+            return value
+        t = torch.tensor([int(value)], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def close(self) -> None:
+        if self.enabled and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def combine_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """One metrics dict from every rank's: max of maxima and timings, sums of counts, else means."""
+    keys = sorted({k for m in per_rank for k in m})
+    out: dict[str, float] = {}
+    for key in keys:
+        values = [m[key] for m in per_rank if key in m]
+        if key.endswith("/max") or key.startswith("timing_s/"):
+            out[key] = max(values)
+        elif key.endswith("/min"):
+            out[key] = min(values)
+        elif key in _SUM_KEYS:
+            out[key] = sum(values)
+        else:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+def fsdp_wrap(model: torch.nn.Module, init_forward) -> torch.nn.Module:
+    """Shard ``model`` with FSDP2 (each decoder layer, then the root) and initialise it.
+
+    FSDP initialises lazily on the root's first forward, so ``init_forward(model)`` runs one (a
+    generation calling inner modules first would otherwise make a layer its own root). A root
+    stays unsharded after a forward without backward, with plain tensors in place of its sharded
+    parameters; resharding here leaves ``model.parameters()`` the sharded ones an optimizer needs.
+    """
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    layers = _decoder_layers(model)
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    with torch.no_grad():
+        init_forward(model)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+    return model
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise RlcoreError(f"cannot find the decoder layers of {type(model).__name__} to shard with FSDP")
+    return layers
+
+
+@contextlib.contextmanager
+def unsharded(model: torch.nn.Module) -> Iterator[None]:
+    """Keep a sharded model's parameters gathered (for generation: a different number of forward
+    passes on each rank must not trigger collectives)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not modules:
+        yield
+        return
+    for m in modules:
+        m.unshard()
+        m.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for m in modules:
+            m.reshard()
+            m.set_reshard_after_forward(True, recurse=False)
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's state on rank 0 (CPU), empty elsewhere; a collective call."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float, ranks: "Distributed") -> float:
+    """Clip gradients to a global L2 norm and return that norm (before clipping).
+
+    Sharded gradients contribute their local shards' squares, summed over the ranks. (torch's
+    ``clip_grad_norm_`` reported a wrong norm for FSDP2 gradients on gloo here: 0.275 for 0.352.)
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    squares = torch.stack([g.detach().float().pow(2).sum() for g in local]).sum()
+    if ranks.enabled and any(hasattr(g, "to_local") for g in grads):
+        dist.all_reduce(squares)
+    norm = squares.sqrt()
+    scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for g in local:
+        g.mul_(scale.to(g.device, g.dtype))
+    return float(norm)
+
+
+def as_float(value: Any) -> float:
+    """A (possibly distributed) scalar tensor as a float."""
+    if hasattr(value, "full_tensor"):
+        value = value.full_tensor()
+    return float(value)
