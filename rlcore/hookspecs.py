@@ -77,7 +77,9 @@ def rlcore_reward_functions() -> list:
     """Reward functions: callables ``(RewardInput) -> float | RewardResult``.
 
     Selected by ``[reward] function = "<name>"`` (or ``"python:path.py:function"`` for a
-    user's function, which needs no plugin). Run in worker threads under a time limit.
+    user's function, which needs no plugin). Run in worker processes under ``[reward] timeout_s``:
+    a call that raises or runs too long scores 0 and is counted. The callable may declare
+    ``required_fields`` (e.g. ``{"ground_truth"}``); rows lacking them are rejected before training.
 
     Example: ``Component(name="gsm8k", factory="rlcore_reward_rule.gsm8k:build", options=GSM8KOptions)``.
     """

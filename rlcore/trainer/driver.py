@@ -30,6 +30,8 @@ def run_driver(manifest: ResolvedManifest, run_dir: str | Path, resume: bool = F
     rank 0 prepares the run directory and writes logs, metrics and checkpoints."""
     import os
 
+    # Reward workers fork; the tokenizers library's thread pool must not be running then.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     run_dir = Path(run_dir)
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:

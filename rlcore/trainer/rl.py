@@ -94,6 +94,14 @@ class RLTrainer:
         if self.resume and checkpoint is None:
             logger.warning("--resume: no checkpoint in {}; starting from the beginning", self.run_dir)
 
+        # Reward workers are forked processes: start them while this process is still small.
+        reward = self.manifest.component("reward.function")
+        self.reward_fn = reward.component.build(reward.options, BuildContext(manifest=self.manifest.resolved_dict(), run_dir=str(self.run_dir)))
+        from rlcore.rewards import RewardRunner
+
+        self.rewards = RewardRunner(self.reward_fn, timeout_s=cfg.reward.timeout_s, workers=cfg.reward.workers)
+        self.rewards.start()
+
         logger.info("loading tokenizer and model from {}", cfg.model.path)
         self.model_cfg = models.materialize_gguf(cfg.model)
         self.tokenizer = models.load_tokenizer(self.model_cfg)
@@ -131,11 +139,6 @@ class RLTrainer:
                 "weights; with several training ranks only an engine that does (the hf engine) is supported yet"
             )
         self.agent = self._build("agent.loop", context)
-        reward = self.manifest.component("reward.function")
-        self.reward_fn = reward.component.build(reward.options, context)
-        from rlcore.rewards import RewardRunner
-
-        self.rewards = RewardRunner(self.reward_fn, timeout_s=cfg.reward.timeout_s, workers=cfg.reward.workers)
         self._load_data()
 
         state: dict[str, Any] = {}
@@ -168,6 +171,7 @@ class RLTrainer:
             tokenizer=self.tokenizer,
             actor=self.actor,
             sampling=self._sampling(train=True),
+            extras={"manifest_dir": str(self.manifest.base_dir)},
         )
 
     def _build(self, role: str, context: BuildContext):
