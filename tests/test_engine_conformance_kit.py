@@ -123,8 +123,8 @@ def test_a_correct_engine_passes_every_check(tiny_model):
     engine = NaiveEngine(tiny_model, LetterTokenizer())
     assert isinstance(engine, RolloutEngine)
     results = check_rollout_engine(
-            engine, vocab_size=VOCAB, tokenizer=LetterTokenizer(), reference_model=tiny_model, max_new_tokens=5
-        )
+        engine, vocab_size=VOCAB, tokenizer=LetterTokenizer(), reference_model=tiny_model, max_new_tokens=5
+    )
     assert results == {name: "passed" for name in results}, results
     assert set(results) >= {"structure", "reference_logprobs", "stop_strings", "update_weights_identity"}
 

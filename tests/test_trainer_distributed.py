@@ -37,13 +37,13 @@ def _run_ranks(manifest, run_dir, world: int, *extra: str) -> None:
 
 @pytest.mark.slow
 def test_two_ranks_match_one_rank(tmp_path, tiny_model):
-    shutil.copy(ROOT / "tests" / "fixtures" / "upper_reward.py", tmp_path / "upper_reward.py")
+    shutil.copy(ROOT / "tests" / "fixtures" / "dense_rewards.py", tmp_path / "dense_rewards.py")
     # Greedy rollouts make every sample independent of how prompts are split between ranks; the
     # batch-whitened estimator and a dense reward give non-zero advantages.
     manifest = write_manifest(
         tmp_path, tiny_model,
         rollout={"samples_per_prompt": 1, "temperature": 0.0},
-        reward={"function": "python:upper_reward.py:sum_and_upper", "method": None},
+        reward={"function": "python:dense_rewards.py:sum_and_upper", "method": None},
         algorithm={"advantage": "reinforce_pp"},
         data={"prompts_per_step": 4, "max_response_tokens": 6, "val": "synthetic:addition?size=4&seed=0&split=test"},
         trainer={"steps": 3, "lr": 1e-2, "save_every": 2},
