@@ -139,3 +139,32 @@ def test_ray_killed_rank_mid_run_leaves_a_checkpoint_that_resumes(ray_cluster, t
     assert rlcore_run(resumed, run_dir, "--resume") == 0
     rows = train_rows(run_dir)
     assert rows[-1]["step"] == saved + 1
+
+
+@pytest.mark.slow
+def test_ray_job_mode_ctrl_c_stops_the_job(ray_cluster, tiny_model, tmp_path, capfd):
+    from ray.job_submission import JobSubmissionClient
+
+    manifest = write_manifest(tmp_path, tiny_model, {"name": "ray", "address": ray_cluster.dashboard, "job": True},
+                              trainer={"steps": 500})
+    run_dir = tmp_path / "run"
+    client = JobSubmissionClient(ray_cluster.dashboard)
+    interrupted: list[str] = []
+
+    def interrupt_once_training():
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not interrupted:
+            for job in client.list_jobs():
+                if (job.metadata or {}).get("rlcore_run_dir") == str(run_dir) and str(job.status) in ("RUNNING", "JobStatus.RUNNING"):
+                    if (run_dir / "metrics.jsonl").exists():  # the driver is training
+                        interrupted.append(job.submission_id)
+                        os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C does
+            time.sleep(0.5)
+
+    threading.Thread(target=interrupt_once_training, daemon=True).start()
+    assert rlcore_run(manifest, run_dir) == 130
+    out = capfd.readouterr().out
+    assert interrupted, out[-3000:]
+    assert f"interrupted: stopping Ray job {interrupted[0]}" in out
+    assert f"Ray job {interrupted[0]} is STOPPED" in out, out[-3000:]
+    assert str(client.get_job_status(interrupted[0])) in ("STOPPED", "JobStatus.STOPPED")

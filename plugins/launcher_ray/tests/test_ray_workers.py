@@ -60,6 +60,18 @@ def sleep_long() -> int:
     return 0
 
 
+def gone(pid: int, wait: float = 15.0) -> bool:
+    """The process ended (Ray reaps killed actors' processes)."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def launcher(cluster, **options) -> RayLauncher:
     options.setdefault("address", cluster.address)
     options.setdefault("cpus_per_worker", 1)
@@ -183,5 +195,24 @@ def test_ray_killed_rank_fails_the_run_and_names_it(ray_cluster, launch_request,
     assert f"no checkpoint was written in {run_dir} yet" in message
     assert time.monotonic() - started < 90
     rank0 = json.loads((run_dir / "launch" / WORKERS_FILE).read_text())[0]["pid"]
-    time.sleep(1)
-    assert not Path(f"/proc/{rank0}").exists() or "ray::IDLE" in Path(f"/proc/{rank0}/cmdline").read_text(errors="ignore")
+    assert gone(rank0), "rank 0 was not stopped"
+
+
+def test_ray_ctrl_c_stops_the_ranks(ray_cluster, launch_request, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run = launcher(ray_cluster, workers=2)
+
+    def interrupt_when_started():
+        deadline = time.monotonic() + 120
+        while not (run_dir / "launch" / WORKERS_FILE).exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)
+        os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C does
+
+    threading.Thread(target=interrupt_when_started, daemon=True).start()
+    started = time.monotonic()
+    assert run.run_workers(launch_request(run_dir=run_dir), target=sleep_long, kwargs={}) == 130
+    assert time.monotonic() - started < 60
+    assert "interrupted: the ranks were stopped; no checkpoint was written" in capsys.readouterr().out
+    for worker in json.loads((run_dir / "launch" / WORKERS_FILE).read_text()):
+        assert gone(worker["pid"]), f"rank {worker['rank']} (pid {worker['pid']}) still runs"
