@@ -1,0 +1,138 @@
+"""Manifest options of the ``sglang`` rollout engine: the other keys of ``[rollout]``.
+
+Known fields carry ranges. Each also accepts the name the ``vllm`` engine uses for the same
+thing (``gpu_memory_utilization`` for ``mem_fraction_static``, ...), so a manifest can switch
+engines by changing ``engine`` alone. Anything else SGLang accepts goes into ``engine_args``,
+checked against SGLang 0.5.23's real ``ServerArgs`` names.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, field_validator, model_validator
+
+from rlcore.components import Options
+from rlcore_rollout_sglang import SGLANG_VERSION
+from rlcore_rollout_sglang.names import names, unknown_name_message
+
+# ServerArgs names that have their own option here, so each is set in one place only.
+OWN_FIELDS = {
+    "tp_size": "tensor_parallel_size",
+    "mem_fraction_static": "mem_fraction_static",
+    "max_running_requests": "max_running_requests",
+    "context_length": "context_length",
+    "disable_radix_cache": "enable_prefix_caching",
+    "dtype": "dtype",
+    "random_seed": "random_seed",
+    "disable_cuda_graph": "disable_cuda_graph",
+    "enable_memory_saver": "sleep_level",
+    "enable_weights_cpu_backup": "sleep_level",
+    "enable_lora": "lora_rank",
+    "max_lora_rank": "lora_rank",
+    "lora_target_modules": "lora_target_modules",
+    "skip_tokenizer_init": "(always true: rlcore sends token ids)",
+    "model_path": "[model] path or rollout.model",
+}
+
+
+def _alias(*choices: str) -> AliasChoices:
+    return AliasChoices(*choices)
+
+
+class SGLangOptions(Options):
+    mode: Literal["colocated", "server"] = Field(
+        "colocated", description="colocated: sglang.Engine in this process; server: HTTP to running SGLang servers"
+    )
+    model: str | None = Field(None, description="model directory for SGLang (colocated); default: [model] path")
+    # ---------------------------------------------------------------- engine (colocated)
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=512, validation_alias=_alias("tensor_parallel_size", "tp_size"), description="SGLang tp_size"
+    )
+    mem_fraction_static: float = Field(
+        0.5,
+        gt=0.0,
+        lt=1.0,
+        validation_alias=_alias("mem_fraction_static", "gpu_memory_utilization"),
+        description="fraction of GPU memory for weights and KV cache (vLLM's gpu_memory_utilization)",
+    )
+    max_running_requests: int | None = Field(
+        None, ge=1, validation_alias=_alias("max_running_requests", "max_num_seqs"), description="default: SGLang's"
+    )
+    context_length: int | None = Field(
+        None, ge=1, validation_alias=_alias("context_length", "max_model_len"), description="default: the model's"
+    )
+    enable_prefix_caching: bool = Field(True, description="the radix cache (SGLang's disable_radix_cache, inverted)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(None, description="default: [model] dtype")
+    random_seed: int | None = Field(
+        None, ge=0, validation_alias=_alias("random_seed", "seed"), description="engine seed (default: [run] seed)"
+    )
+    disable_cuda_graph: bool = Field(
+        False, validation_alias=_alias("disable_cuda_graph", "enforce_eager"), description="no CUDA graphs (vLLM's enforce_eager)"
+    )
+    sleep_level: Literal[0, 1, 2] = Field(
+        1,
+        description="sleep(): 0 never sleeps; 1 releases KV cache and weights, keeping a CPU copy of the weights; "
+        "2 releases both without a copy (the next update_weights must send every weight)",
+    )
+    lora_rank: int | None = Field(None, ge=1, le=1024, description="enable LoRA adapters up to this rank")
+    lora_target_modules: list[str] | None = Field(None, description="modules LoRA may target (default: all SGLang supports)")
+    weight_bucket_mb: int = Field(512, ge=1, description="full weight updates are sent in buckets of about this size")
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict, description=f"further sglang.Engine / ServerArgs keyword arguments ({SGLANG_VERSION} names)"
+    )
+    # ---------------------------------------------------------------- servers
+    servers: list[str] = Field(default_factory=list, description="base URLs of running SGLang servers (mode = server)")
+    api_key: str | None = Field(None, description="bearer token for the servers (their --api-key / --admin-api-key)")
+    request_timeout_s: float = Field(600.0, gt=0)
+    connect_timeout_s: float = Field(10.0, gt=0)
+    max_retries: int = Field(2, ge=0, description="a failed request is sent again, whole, to another server this many times")
+    max_concurrency: int = Field(64, ge=1, description="requests in flight across all servers")
+    weight_sync_dir: str | None = Field(
+        None, description="directory every server can read: weights and LoRA adapters are written there for them to load"
+    )
+    server_sleep: bool = Field(
+        False, description="forward sleep()/wake_up() to the servers (they must run with --enable-memory-saver)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_name_each(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                given = [a for a in getattr(field.validation_alias, "choices", []) if a in data]
+                if len(given) > 1:
+                    raise ValueError(f"{' and '.join(given)} are two names for the same option ({name}): set one")
+        return data
+
+    @field_validator("engine_args")
+    @classmethod
+    def _known_engine_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        known = names("server-args")
+        problems = []
+        for key in value:
+            if key in OWN_FIELDS:
+                problems.append(f"{key!r} has its own option: set rollout.{OWN_FIELDS[key]} instead")
+            elif key not in known:
+                problems.append(unknown_name_message(key, known, f"SGLang {SGLANG_VERSION} (ServerArgs)"))
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    @field_validator("servers")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"server {url!r} must be a base URL such as http://127.0.0.1:30000")
+        if len(set(value)) != len(value):
+            raise ValueError("a server is listed twice")
+        return [u.rstrip("/") for u in value]
+
+    @model_validator(mode="after")
+    def _mode(self) -> "SGLangOptions":
+        if self.mode == "server" and not self.servers:
+            raise ValueError("mode = 'server' needs servers = ['http://HOST:PORT', ...]")
+        if self.mode == "colocated" and self.servers:
+            raise ValueError("servers are only used with mode = 'server'")
+        return self
