@@ -225,7 +225,7 @@ class WorkerGroup:
         described = self._gather([actor.describe.remote() for actor in self.actors], "start")
         self.infos = [RankInfo(rank=r, **d) for r, d in enumerate(described)]
         one_node = len({i.node_id for i in self.infos}) == 1
-        local = one_node and self.infos[0].node_id == ray.get_runtime_context().get_node_id()
+        local = one_node and self.infos[0].node_id == _driver_node_id()
         master_addr = "127.0.0.1" if local else self.infos[0].node_ip
         master_port = ray.get(self.actors[0].free_port.remote(master_addr))
         for info, env in zip(self.infos, rank_environment(self.infos, master_addr, master_port, local=local)):
@@ -316,6 +316,14 @@ class WorkerGroup:
             except Exception:  # noqa: BLE001 - the cluster may already be gone
                 pass
             self.pg = None
+
+
+def _driver_node_id() -> str | None:
+    """This process's Ray node (None through a Ray client connection, which has none)."""
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - ray:// client mode
+        return None
 
 
 def _first_line(exc: BaseException) -> str:
