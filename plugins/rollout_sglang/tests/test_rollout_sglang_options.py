@@ -31,6 +31,9 @@ def test_name_lists_are_the_real_ones():
 
 
 def test_every_produced_name_exists_in_sglang():
+    aliased = SGLangOptions(gpu_memory_utilization=0.3, tp_size=2, max_num_seqs=8, max_model_len=64, seed=5, enforce_eager=True)
+    assert (aliased.mem_fraction_static, aliased.tensor_parallel_size, aliased.max_running_requests, aliased.context_length,
+            aliased.random_seed, aliased.disable_cuda_graph) == (0.3, 2, 8, 64, 5, True)
     opts = SGLangOptions(
         gpu_memory_utilization=0.3, tp_size=2, max_running_requests=64, context_length=1024, enable_prefix_caching=False,
         lora_rank=16, engine_args={"chunked_prefill_size": 4096},
@@ -100,6 +103,18 @@ def test_rlcore_validate_rejects_bad_sglang_options(tmp_path):
     assert "rollout.mem_fraction_statik" in out and "mem_fraction_static" in out
     assert "disable_cuda_grahp" in out and "did you mean 'disable_cuda_graph'" in out
     assert "Traceback" not in out
+
+
+def test_rlcore_validate_accepts_the_vllm_names_and_checks_their_ranges(tmp_path):
+    manifest = tmp_path / "run.toml"
+    head = ('[model]\npath = "m"\n[data]\ntrain = "synthetic:addition"\n[reward]\nfunction = "exact_match"\n'
+            '[trainer]\nsteps = 1\n[rollout]\nengine = "sglang"\nsamples_per_prompt = 4\nenforce_eager = true\n')
+    manifest.write_text(head + "gpu_memory_utilization = 0.3\n")
+    proc = subprocess.run([sys.executable, "-m", "rlcore", "validate", str(manifest)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    manifest.write_text(head + "gpu_memory_utilization = 1.5\n")
+    proc = subprocess.run([sys.executable, "-m", "rlcore", "validate", str(manifest)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "run.toml:13: [rollout.gpu_memory_utilization] Input should be less than 1" in proc.stdout + proc.stderr
 
 
 def test_plugin_module_imports_nothing_heavy():

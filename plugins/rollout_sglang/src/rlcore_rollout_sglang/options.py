@@ -1,8 +1,8 @@
 """Manifest options of the ``sglang`` rollout engine: the other keys of ``[rollout]``.
 
-Known fields carry ranges. Each also accepts the name the ``vllm`` engine uses for the same
-thing (``gpu_memory_utilization`` for ``mem_fraction_static``, ...), so a manifest can switch
-engines by changing ``engine`` alone. Anything else SGLang accepts goes into ``engine_args``,
+Known fields carry ranges. Several are also accepted under the name the ``vllm`` engine uses
+(``gpu_memory_utilization`` for ``mem_fraction_static``, ...; see :data:`ALIASES`): those are
+fields of their own, folded into the canonical one after validation. Anything else SGLang accepts goes into ``engine_args``,
 checked against SGLang 0.5.23's real ``ServerArgs`` names.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rlcore.components import Options
 from rlcore_rollout_sglang import SGLANG_VERSION
@@ -36,8 +36,16 @@ OWN_FIELDS = {
 }
 
 
-def _alias(*choices: str) -> AliasChoices:
-    return AliasChoices(*choices)
+# Other name -> this plugin's option: the vLLM engine's names (and SGLang's tp_size) are accepted
+# too, so a manifest can switch engines by changing ``engine`` alone.
+ALIASES = {
+    "tp_size": "tensor_parallel_size",
+    "gpu_memory_utilization": "mem_fraction_static",
+    "max_num_seqs": "max_running_requests",
+    "max_model_len": "context_length",
+    "seed": "random_seed",
+    "enforce_eager": "disable_cuda_graph",
+}
 
 
 class SGLangOptions(Options):
@@ -46,30 +54,23 @@ class SGLangOptions(Options):
     )
     model: str | None = Field(None, description="model directory for SGLang (colocated); default: [model] path")
     # ---------------------------------------------------------------- engine (colocated)
-    tensor_parallel_size: int = Field(
-        1, ge=1, le=512, validation_alias=_alias("tensor_parallel_size", "tp_size"), description="SGLang tp_size"
-    )
+    tensor_parallel_size: int = Field(1, ge=1, le=512, description="SGLang's tp_size")
     mem_fraction_static: float = Field(
-        0.5,
-        gt=0.0,
-        lt=1.0,
-        validation_alias=_alias("mem_fraction_static", "gpu_memory_utilization"),
-        description="fraction of GPU memory for weights and KV cache (vLLM's gpu_memory_utilization)",
+        0.5, gt=0.0, lt=1.0, description="fraction of GPU memory for weights and KV cache (vLLM: gpu_memory_utilization)"
     )
-    max_running_requests: int | None = Field(
-        None, ge=1, validation_alias=_alias("max_running_requests", "max_num_seqs"), description="default: SGLang's"
-    )
-    context_length: int | None = Field(
-        None, ge=1, validation_alias=_alias("context_length", "max_model_len"), description="default: the model's"
-    )
+    max_running_requests: int | None = Field(None, ge=1, description="default: SGLang's")
+    context_length: int | None = Field(None, ge=1, description="default: the model's")
     enable_prefix_caching: bool = Field(True, description="the radix cache (SGLang's disable_radix_cache, inverted)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(None, description="default: [model] dtype")
-    random_seed: int | None = Field(
-        None, ge=0, validation_alias=_alias("random_seed", "seed"), description="engine seed (default: [run] seed)"
-    )
-    disable_cuda_graph: bool = Field(
-        False, validation_alias=_alias("disable_cuda_graph", "enforce_eager"), description="no CUDA graphs (vLLM's enforce_eager)"
-    )
+    random_seed: int | None = Field(None, ge=0, description="engine seed (default: [run] seed)")
+    disable_cuda_graph: bool = Field(False, description="no CUDA graphs (vLLM: enforce_eager)")
+    # ---------------------------------------------------------------- the same options under their other names
+    tp_size: int | None = Field(None, ge=1, le=512, description="same as tensor_parallel_size")
+    gpu_memory_utilization: float | None = Field(None, gt=0.0, lt=1.0, description="same as mem_fraction_static")
+    max_num_seqs: int | None = Field(None, ge=1, description="same as max_running_requests")
+    max_model_len: int | None = Field(None, ge=1, description="same as context_length")
+    seed: int | None = Field(None, ge=0, description="same as random_seed")
+    enforce_eager: bool | None = Field(None, description="same as disable_cuda_graph")
     sleep_level: Literal[0, 1, 2] = Field(
         1,
         description="sleep(): 0 never sleeps; 1 releases KV cache and weights, keeping a CPU copy of the weights; "
@@ -94,16 +95,6 @@ class SGLangOptions(Options):
     server_sleep: bool = Field(
         False, description="forward sleep()/wake_up() to the servers (they must run with --enable-memory-saver)"
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _one_name_each(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for name, field in cls.model_fields.items():
-                given = [a for a in getattr(field.validation_alias, "choices", []) if a in data]
-                if len(given) > 1:
-                    raise ValueError(f"{' and '.join(given)} are two names for the same option ({name}): set one")
-        return data
 
     @field_validator("engine_args")
     @classmethod
@@ -131,6 +122,13 @@ class SGLangOptions(Options):
 
     @model_validator(mode="after")
     def _mode(self) -> "SGLangOptions":
+        for other, own in ALIASES.items():
+            value = getattr(self, other)
+            if value is None:
+                continue
+            if own in self.model_fields_set:
+                raise ValueError(f"{other} and {own} are two names for the same option: set one")
+            setattr(self, own, value)
         if self.mode == "server" and not self.servers:
             raise ValueError("mode = 'server' needs servers = ['http://HOST:PORT', ...]")
         if self.mode == "colocated" and self.servers:
