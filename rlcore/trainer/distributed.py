@@ -39,7 +39,7 @@ class Distributed:
             missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
             if missing:
                 raise RlcoreError(f"WORLD_SIZE={world} but {', '.join(missing)} is not set; start ranks with torchrun or a launcher")
-            backend = "nccl" if device == "cuda" else "gloo"
+            backend = "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"  # small CPU collectives too
             if device == "cuda":
                 torch.cuda.set_device(local_rank)
             timeout = timedelta(seconds=float(os.environ.get("RLCORE_DIST_TIMEOUT_S", "900")))
