@@ -15,7 +15,7 @@ from typing import Any
 
 from loguru import logger
 
-from rlcore.errors import RlcoreError
+from rlcore.errors import RlcoreError, UsageError
 from rlcore.manifest.schema import ModelTable
 
 
@@ -32,11 +32,11 @@ def _hf_kwargs(model: ModelTable) -> dict[str, Any]:
     return kwargs
 
 
-def _explain_load_error(what: str, path: str, exc: Exception) -> RlcoreError:
+def _explain_load_error(what: str, path: str, exc: Exception) -> UsageError:
     local = Path(path)
     if not local.exists() and ("/" not in path or path.startswith((".", "/", "~"))):
-        return RlcoreError(f"[model] path: {what} {path!r} does not exist ({type(exc).__name__}: {exc})")
-    return RlcoreError(f"[model] path: cannot load the {what} from {path!r}: {type(exc).__name__}: {exc}")
+        return UsageError(f"[model] path: {what} {path!r} does not exist ({type(exc).__name__}: {exc})")
+    return UsageError(f"[model] path: cannot load the {what} from {path!r}: {type(exc).__name__}: {exc}")
 
 
 def cache_dir() -> Path:

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import torch
 from loguru import logger
 
-from rlcore.errors import RlcoreError
+from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import (
     AdvantageInput,
     BuildContext,
@@ -199,11 +199,14 @@ class RLTrainer:
 
         d = self.cfg.data
         common = dict(tokenizer=self.tokenizer, max_prompt_tokens=d.max_prompt_tokens, prompt_key=d.prompt_key, base_dir=self.manifest.base_dir)
-        self.train_set = load_prompts(d.train, **common)
-        self.val_set = load_prompts(d.val, limit=d.val_max_prompts, **common) if d.val else None
-        required = set(getattr(self.reward_fn, "required_fields", ()) or ())
-        for dataset in filter(None, (self.train_set, self.val_set)):
-            check_required_fields(dataset.prompts, required, dataset.source)
+        try:
+            self.train_set = load_prompts(d.train, **common)
+            self.val_set = load_prompts(d.val, limit=d.val_max_prompts, **common) if d.val else None
+            required = set(getattr(self.reward_fn, "required_fields", ()) or ())
+            for dataset in filter(None, (self.train_set, self.val_set)):
+                check_required_fields(dataset.prompts, required, dataset.source)
+        except RlcoreError as exc:  # bad input data: a usage error, like a bad manifest
+            raise UsageError(str(exc)) from None
         if len(self.train_set.prompts) < d.prompts_per_step:
             logger.warning(
                 "data.train has {} usable prompts, fewer than data.prompts_per_step = {}: prompts repeat within a step",
