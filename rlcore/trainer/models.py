@@ -101,6 +101,13 @@ def load_causal_lm(model: ModelTable, device: str, path: str | None = None):
         lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(model.dtype), **kwargs)
     except Exception as exc:  # noqa: BLE001
         raise _explain_load_error("model", path, exc) from None
+    if kwargs.get("gguf_file"):
+        # transformers de-quantizes GGUF weights on load but keeps a quantizer marker that makes
+        # save_pretrained refuse; the weights are plain tensors, so drop the marker.
+        lm.hf_quantizer = None
+        if hasattr(lm.config, "quantization_config"):
+            del lm.config.quantization_config
+        lm.is_quantized = False
     return lm.to(device)
 
 
