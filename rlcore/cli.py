@@ -250,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(debug)
     try:
         registry = None
-        if argv and argv[0] not in ("run", "validate", "plugins", "schema", "init", "-h", "--help", "--version"):
+        if not argv or argv[0] not in ("run", "validate", "plugins", "schema", "init", "--version"):
             from rlcore.registry import Registry
 
             registry = Registry.discover(external="--no-plugins" not in argv)
