@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,8 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float) -> None:
             with urllib.request.urlopen(url, timeout=2) as response:
                 if response.status == 200:
                     return
+        except urllib.error.HTTPError as exc:  # the dashboard answers, but refuses
+            raise RuntimeError(f"{url} answered {exc.code} {exc.reason}") from None
         except OSError:
             pass
         time.sleep(0.5)
@@ -61,6 +64,7 @@ def ray_cluster():
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env["RAY_AUTH_MODE"] = "disabled"  # see _ray_auth_disabled
     ray_bin = str(Path(sys.executable).with_name("ray"))
     argv = [
         ray_bin, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}", f"--num-cpus={RAY_CPUS}",
@@ -104,6 +108,21 @@ def _stop_group(proc: subprocess.Popen) -> None:
 def _no_ambient_ray(monkeypatch):
     """Tests say where Ray is; an address in the environment must not redirect them."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ray_auth_disabled():
+    """Ray >= 2.5x turns token authentication on for a new local cluster and writes a token to
+    ~/.ray/auth_token, which every later Ray on the host then picks up. The tests' clusters are
+    loopback-only and short-lived: say explicitly that they run without a token, so they never
+    write that file nor depend on one left by someone else."""
+    old = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    yield
+    if old is None:
+        os.environ.pop("RAY_AUTH_MODE", None)
+    else:
+        os.environ["RAY_AUTH_MODE"] = old
 
 
 @pytest.fixture(scope="session")

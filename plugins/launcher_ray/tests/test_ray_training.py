@@ -129,7 +129,7 @@ def test_ray_killed_rank_mid_run_leaves_a_checkpoint_that_resumes(ray_cluster, t
     out = capfd.readouterr()
     text = out.out + out.err
     assert killed and re.search(rf"rank 1 \(pid {killed[0]} on .*\) died: ", text), text[-3000:]
-    match = re.search(r"the last checkpoint \((\S+step_(\d+))\) is intact: `rlcore run --resume` continues from it", text)
+    match = re.search(r"The last checkpoint \((\S+step_(\d+))\) is intact: `rlcore run --resume` continues from it", text)
     assert match, text[-3000:]
     assert elapsed < 240  # rank 0 did not hang in its next collective
     saved = int(match.group(2))

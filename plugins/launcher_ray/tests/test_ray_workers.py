@@ -156,7 +156,7 @@ def test_ray_address_from_environment(monkeypatch, launch_request):
 def test_ray_rank_that_raises_stops_the_others(ray_cluster, launch_request):
     run = launcher(ray_cluster, workers=2, failure_grace=1)
     started = time.monotonic()
-    with pytest.raises(RlcoreError, match=r"rank 1 \(pid \d+ on .*\) raised ValueError: rank 1 fails on purpose; the other ranks were stopped"):
+    with pytest.raises(RlcoreError, match=r"rank 1 \(pid \d+ on .*\) raised ValueError: rank 1 fails on purpose. The other ranks were stopped."):
         run.run_workers(launch_request(), target=fail_on_rank, kwargs={"bad": 1})
     assert time.monotonic() - started < 60  # rank 0's five-minute sleep was cut short
 
@@ -190,8 +190,8 @@ def test_ray_killed_rank_fails_the_run_and_names_it(ray_cluster, launch_request,
     killer.join(5)
     message = str(caught.value)
     assert f"rank 1 (pid {killed[0]} on" in message and " died: " in message, message
-    assert "the other ranks were stopped" in message
-    assert f"no checkpoint was written in {run_dir} yet" in message
+    assert "The other ranks were stopped." in message
+    assert f"No checkpoint was written in {run_dir} yet" in message
     assert time.monotonic() - started < 90
     rank0 = json.loads((run_dir / "launch" / WORKERS_FILE).read_text())[0]["pid"]
     assert gone(rank0), "rank 0 was not stopped"
@@ -212,6 +212,16 @@ def test_ray_ctrl_c_stops_the_ranks(ray_cluster, launch_request, tmp_path, capsy
     started = time.monotonic()
     assert run.run_workers(launch_request(run_dir=run_dir), target=sleep_long, kwargs={}) == 130
     assert time.monotonic() - started < 60
-    assert "interrupted: the ranks were stopped; no checkpoint was written" in capsys.readouterr().out
+    assert "interrupted: the ranks were stopped. No checkpoint was written" in capsys.readouterr().out
     for worker in json.loads((run_dir / "launch" / WORKERS_FILE).read_text()):
         assert gone(worker["pid"]), f"rank {worker['rank']} (pid {worker['pid']}) still runs"
+
+
+@pytest.mark.slow
+def test_ray_without_an_address_starts_and_stops_a_local_instance(launch_request, capsys):
+    run = RayLauncher(RayOptions(workers=2, cpus_per_worker=0.5))
+    assert run.run_workers(launch_request(), target=report, kwargs={"marker": "local"}) == 0
+    assert "starting a local Ray instance on 127.0.0.1" in capsys.readouterr().out
+    assert [run.results[r]["all_reduce"] for r in (0, 1)] == [3.0, 3.0]
+    assert {run.results[r]["MASTER_ADDR"] for r in (0, 1)} == {"127.0.0.1"}
+    assert not ray.is_initialized()  # the launcher's own instance was shut down

@@ -108,7 +108,8 @@ def follow(client, job_id: str) -> int:
     if code == 0:
         _say(f"Ray job {job_id} SUCCEEDED")
     else:
-        message = (getattr(info, "message", "") or "").strip()
+        # Ray's message repeats the last log lines (already shown above): keep its first line.
+        message = ((getattr(info, "message", "") or "").strip().splitlines() or [""])[0]
         _say(f"Ray job {job_id} {status}" + (f": {message}" if message else "") + f" (exit code {code})")
     return code
 

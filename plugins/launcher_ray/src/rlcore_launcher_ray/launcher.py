@@ -23,8 +23,8 @@ def _say(message: str) -> None:
 def _resume_hint(run_dir: str | Path) -> str:
     latest = _latest_checkpoint(Path(run_dir))
     if latest is None:
-        return f"no checkpoint was written in {run_dir} yet; rerun to start again"
-    return f"the last checkpoint ({latest}) is intact: `rlcore run --resume` continues from it"
+        return f"No checkpoint was written in {run_dir} yet: rerun to start again."
+    return f"The last checkpoint ({latest}) is intact: `rlcore run --resume` continues from it."
 
 
 def _latest_checkpoint(run_dir: Path) -> Path | None:
@@ -79,10 +79,10 @@ class RayLauncher:
             try:
                 results = group.run(target, kwargs or {})
             except RankFailure as exc:
-                raise RankFailure(f"{exc}. {_resume_hint(request.run_dir)}") from None
+                raise RankFailure(f"{exc} {_resume_hint(request.run_dir)}") from None
             except KeyboardInterrupt:
                 group.kill()
-                _say(f"interrupted: the ranks were stopped; {_resume_hint(request.run_dir)}")
+                _say(f"interrupted: the ranks were stopped. {_resume_hint(request.run_dir)}")
                 return 130
             self.results = results
             codes = {rank: (value if isinstance(value, int) else 0) for rank, value in results.items()}

@@ -297,7 +297,7 @@ class WorkerGroup:
         for rank, exc in sorted(raised.items()):
             cause = getattr(exc, "cause", None) or exc
             parts.append(f"rank {rank} ({self.infos[rank].where()}) raised {type(cause).__name__}: {_first_line(cause)}")
-        return RankFailure("; ".join(parts) + "; the other ranks were stopped")
+        return RankFailure("; ".join(parts) + ". The other ranks were stopped.")
 
     # -- stop
     def kill(self) -> None:
@@ -334,5 +334,5 @@ def _first_line(exc: BaseException) -> str:
     # Ray's death messages put the reason ("The actor died unexpectedly...") after a header.
     for line in lines:
         if "died" in line.lower() or "killed" in line.lower() or "exit" in line.lower():
-            return line[:400]
-    return lines[0][:400]
+            return line[:400].rstrip(".")
+    return lines[0][:400].rstrip(".")
