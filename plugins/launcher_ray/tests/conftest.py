@@ -97,6 +97,7 @@ def _stop_group(proc: subprocess.Popen) -> None:
             return
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
+            proc.poll()  # reap the head: a zombie still counts as a member of the group
             try:
                 os.killpg(pgid, 0)
             except ProcessLookupError:

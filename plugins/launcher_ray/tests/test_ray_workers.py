@@ -50,6 +50,15 @@ def fail_on_rank(bad: int) -> int:
     return 0
 
 
+def usage_error_on_rank_0() -> int:
+    from rlcore.errors import UsageError
+
+    if os.environ["RANK"] == "0":
+        raise UsageError("the manifest says something this rank cannot do")
+    time.sleep(300)
+    return 0
+
+
 def exit_code_by_rank(codes: list[int]) -> int:
     return codes[int(os.environ["RANK"])]
 
@@ -159,6 +168,13 @@ def test_ray_rank_that_raises_stops_the_others(ray_cluster, launch_request):
     with pytest.raises(RlcoreError, match=r"rank 1 \(pid \d+ on .*\) raised ValueError: rank 1 fails on purpose. The other ranks were stopped."):
         run.run_workers(launch_request(), target=fail_on_rank, kwargs={"bad": 1})
     assert time.monotonic() - started < 60  # rank 0's five-minute sleep was cut short
+
+
+def test_ray_rank_expected_error_keeps_its_message_and_exit_code(ray_cluster, launch_request):
+    run = launcher(ray_cluster, workers=2, failure_grace=1)
+    with pytest.raises(RlcoreError, match=r"^rank 0: the manifest says something this rank cannot do$") as caught:
+        run.run_workers(launch_request(), target=usage_error_on_rank_0, kwargs={})
+    assert caught.value.exit_code == 2
 
 
 def test_ray_exit_code_is_zero_only_when_every_rank_is(ray_cluster, launch_request, capsys):

@@ -288,9 +288,11 @@ class WorkerGroup:
         for rank, exc in sorted(raised.items()):
             cause = getattr(exc, "cause", None)
             if isinstance(cause, RlcoreError) and not died:
-                # The rank's own expected error (bad manifest, existing checkpoints): say it as it is.
-                cause.args = (f"rank {rank}: {cause}",) + tuple(cause.args[1:])
-                return cause
+                # The rank's own expected error (bad manifest, existing checkpoints): say it as it
+                # is, with its exit code (2 for bad input).
+                error = RlcoreError(f"rank {rank}: {cause}")
+                error.exit_code = cause.exit_code
+                return error
         parts = []
         for rank, exc in sorted(died.items()):
             parts.append(f"rank {rank} ({self.infos[rank].where()}) died: {_first_line(exc)}")
