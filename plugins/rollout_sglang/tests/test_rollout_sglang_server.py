@@ -25,7 +25,7 @@ from rlcore.testing.engines import check_rollout_engine  # noqa: E402
 from rlcore_rollout_sglang.engine import build  # noqa: E402
 from rlcore_rollout_sglang.names import names  # noqa: E402
 from rlcore_rollout_sglang.options import SGLangOptions  # noqa: E402
-from rlcore_rollout_sglang.pool import RejectedError  # noqa: E402
+from rlcore.rollout.remote import RejectedError  # noqa: E402
 
 
 def _serve(**kw) -> ThreadServer:

@@ -26,10 +26,10 @@ from loguru import logger
 
 from rlcore.errors import UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
+from rlcore.rollout.remote import RejectedError, ServerError, ServerPool
 from rlcore_rollout_sglang.options import SGLangOptions
-from rlcore_rollout_sglang.pool import RejectedError, ServerError, ServerPool
 from rlcore_rollout_sglang.results import check
-from rlcore_rollout_sglang.translate import generate_body, group_outputs, replicate, samples_to_request
+from rlcore_rollout_sglang.translate import AbortedError, generate_body, group_outputs, replicate, samples_to_request
 from rlcore_rollout_sglang.weights import adapter_name, write_adapter, write_checkpoint
 
 WEIGHT_TAGS = ["weights"]
@@ -43,11 +43,13 @@ class SGLangServerEngine:
         self.options = options
         self.pool = ServerPool(
             options.servers,
+            engine="SGLang",
             timeout_s=options.request_timeout_s,
             connect_timeout_s=options.connect_timeout_s,
             max_retries=options.max_retries,
             max_concurrency=options.max_concurrency,
             api_key=options.api_key,
+            retry_on=(AbortedError,),
         )
         self.pool.check_health()
         self.weight_version = 0

@@ -18,8 +18,8 @@ from loguru import logger
 
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
+from rlcore.rollout.remote import ServerError, ServerPool
 from rlcore_rollout_vllm.options import VLLMOptions
-from rlcore_rollout_vllm.pool import ServerError, ServerPool
 from rlcore_rollout_vllm.translate import completion_body, parse_completion, replicate, samples_to_request
 from rlcore_rollout_vllm.weights import LoraSpec, proj_modules, with_base_layer, write_adapter, write_safetensors
 
@@ -37,8 +37,9 @@ class VLLMServerEngine:
             max_retries=options.max_retries,
             max_concurrency=options.max_concurrency,
             api_key=options.api_key,
+            rejoin=False,
         )
-        self.pool.check_health("/health")
+        self.pool.check_health()
         self.model = options.model or self._served_model()
         self.base_model = self.model
         self.weight_version = 0
