@@ -10,24 +10,12 @@ SGLang's own check runs when the engine starts, and its error is reported as a u
 from __future__ import annotations
 
 from functools import lru_cache
-from importlib.resources import files
 
-from rlcore.errors import did_you_mean
-
+from rlcore.rollout.options import read_names
 from rlcore_rollout_sglang import SGLANG_VERSION
 
 
 @lru_cache(maxsize=None)
 def names(kind: str) -> frozenset[str]:
     """``kind`` is ``server-args`` or ``sampling-params``."""
-    text = (files("rlcore_rollout_sglang") / "data" / f"sglang-{SGLANG_VERSION}-{kind}.txt").read_text(encoding="utf-8")
-    return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
-
-
-def unknown_name_message(key: str, known: frozenset[str] | set[str], where: str) -> str:
-    msg = f"{key!r} is not an argument of {where}"
-    hint = did_you_mean(key, known)
-    if hint:
-        msg += f"; did you mean {hint!r}?"
-    return msg + ". Valid names: " + ", ".join(sorted(known))
-
+    return read_names("rlcore_rollout_sglang", f"sglang-{SGLANG_VERSION}-{kind}.txt")

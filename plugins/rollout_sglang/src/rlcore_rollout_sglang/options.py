@@ -13,8 +13,9 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rlcore.components import Options
+from rlcore.rollout.options import check_engine_args, check_mode, check_server_urls
 from rlcore_rollout_sglang import SGLANG_VERSION
-from rlcore_rollout_sglang.names import names, unknown_name_message
+from rlcore_rollout_sglang.names import names
 
 # ServerArgs names that have their own option here, so each is set in one place only.
 OWN_FIELDS = {
@@ -99,26 +100,13 @@ class SGLangOptions(Options):
     @field_validator("engine_args")
     @classmethod
     def _known_engine_args(cls, value: dict[str, Any]) -> dict[str, Any]:
-        known = names("server-args")
-        problems = []
-        for key in value:
-            if key in OWN_FIELDS:
-                problems.append(f"{key!r} has its own option: set rollout.{OWN_FIELDS[key]} instead")
-            elif key not in known:
-                problems.append(unknown_name_message(key, known, f"SGLang {SGLANG_VERSION} (ServerArgs)"))
-        if problems:
-            raise ValueError("; ".join(problems))
+        check_engine_args(value, known=names("server-args"), own_fields=OWN_FIELDS, where=f"SGLang {SGLANG_VERSION} (ServerArgs)")
         return value
 
     @field_validator("servers")
     @classmethod
     def _urls(cls, value: list[str]) -> list[str]:
-        for url in value:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"server {url!r} must be a base URL such as http://127.0.0.1:30000")
-        if len(set(value)) != len(value):
-            raise ValueError("a server is listed twice")
-        return [u.rstrip("/") for u in value]
+        return check_server_urls(value, "http://127.0.0.1:30000")
 
     @model_validator(mode="after")
     def _mode(self) -> "SGLangOptions":
@@ -129,8 +117,5 @@ class SGLangOptions(Options):
             if own in self.model_fields_set:
                 raise ValueError(f"{other} and {own} are two names for the same option: set one")
             setattr(self, own, value)
-        if self.mode == "server" and not self.servers:
-            raise ValueError("mode = 'server' needs servers = ['http://HOST:PORT', ...]")
-        if self.mode == "colocated" and self.servers:
-            raise ValueError("servers are only used with mode = 'server'")
+        check_mode(self.mode, self.servers)
         return self

@@ -18,8 +18,9 @@ from loguru import logger
 
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
+from rlcore.rollout.options import unknown_name_message
 from rlcore_rollout_vllm import compat
-from rlcore_rollout_vllm.names import live_engine_args, unknown_arg_message
+from rlcore_rollout_vllm.names import live_engine_args
 from rlcore_rollout_vllm.options import VLLMOptions
 from rlcore_rollout_vllm.translate import engine_kwargs, replicate, sampling_kwargs
 from rlcore_rollout_vllm.weights import LoraSpec, buckets, write_adapter
@@ -55,7 +56,7 @@ class VLLMColocatedEngine:
             unknown = [k for k in kwargs if k not in live]
             if unknown:
                 raise UsageError(
-                    "rollout.engine_args: " + "; ".join(unknown_arg_message(k, live, f"the installed vLLM {self.version}") for k in unknown)
+                    "rollout.engine_args: " + "; ".join(unknown_name_message(k, live, f"the installed vLLM {self.version}") for k in unknown)
                 )
         self.multiprocess = options.tensor_parallel_size > 1 or os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1"
         if not self.multiprocess:

@@ -8,9 +8,8 @@ vLLM. At build time the installed vLLM's own names are checked too (:func:`live_
 from __future__ import annotations
 
 from functools import lru_cache
-from importlib.resources import files
 
-from rlcore.errors import did_you_mean
+from rlcore.rollout.options import read_names
 
 VERSIONS = ("0.26.0", "0.33.0")
 
@@ -18,8 +17,7 @@ VERSIONS = ("0.26.0", "0.33.0")
 @lru_cache(maxsize=None)
 def names(kind: str, version: str) -> frozenset[str]:
     """``kind`` is ``engine-args``, ``sampling-params`` or ``completion-request``."""
-    text = (files("rlcore_rollout_vllm") / "data" / f"vllm-{version}-{kind}.txt").read_text(encoding="utf-8")
-    return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+    return read_names("rlcore_rollout_vllm", f"vllm-{version}-{kind}.txt")
 
 
 def engine_arg_versions() -> dict[str, list[str]]:
@@ -29,14 +27,6 @@ def engine_arg_versions() -> dict[str, list[str]]:
         for name in names("engine-args", version):
             out.setdefault(name, []).append(version)
     return out
-
-
-def unknown_arg_message(key: str, known: set[str] | frozenset[str], where: str) -> str:
-    hint = did_you_mean(key, known)
-    msg = f"{key!r} is not an argument of {where}"
-    if hint:
-        msg += f"; did you mean {hint!r}?"
-    return msg + ". Valid names: " + ", ".join(sorted(known))
 
 
 def live_engine_args() -> frozenset[str] | None:

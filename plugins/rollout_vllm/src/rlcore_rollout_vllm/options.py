@@ -11,7 +11,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rlcore.components import Options
-from rlcore_rollout_vllm.names import VERSIONS, engine_arg_versions, unknown_arg_message
+from rlcore.rollout.options import check_engine_args, check_mode, check_server_urls
+from rlcore_rollout_vllm.names import VERSIONS, engine_arg_versions
 
 # engine_args keys that have their own option, so they are set in one place only.
 OWN_FIELDS = {
@@ -72,31 +73,16 @@ class VLLMOptions(Options):
     @field_validator("engine_args")
     @classmethod
     def _known_engine_args(cls, value: dict[str, Any]) -> dict[str, Any]:
-        known = engine_arg_versions()
-        problems = []
-        for key in value:
-            if key in OWN_FIELDS:
-                problems.append(f"{key!r} has its own option: set rollout.{OWN_FIELDS[key]} instead")
-            elif key not in known:
-                problems.append(unknown_arg_message(key, set(known), f"vLLM {' or '.join(VERSIONS)} (EngineArgs)"))
-        if problems:
-            raise ValueError("; ".join(problems))
+        where = f"vLLM {' or '.join(VERSIONS)} (EngineArgs)"
+        check_engine_args(value, known=set(engine_arg_versions()), own_fields=OWN_FIELDS, where=where)
         return value
 
     @field_validator("servers")
     @classmethod
     def _urls(cls, value: list[str]) -> list[str]:
-        for url in value:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"server {url!r} must be a base URL such as http://127.0.0.1:8000")
-        if len(set(value)) != len(value):
-            raise ValueError("a server is listed twice")
-        return [u.rstrip("/") for u in value]
+        return check_server_urls(value, "http://127.0.0.1:8000")
 
     @model_validator(mode="after")
     def _mode(self) -> "VLLMOptions":
-        if self.mode == "server" and not self.servers:
-            raise ValueError("mode = 'server' needs servers = ['http://HOST:PORT', ...]")
-        if self.mode == "colocated" and self.servers:
-            raise ValueError("servers are only used with mode = 'server'")
+        check_mode(self.mode, self.servers)
         return self
