@@ -27,9 +27,10 @@ from loguru import logger
 from rlcore.errors import UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore.rollout.remote import RejectedError, ServerError, ServerPool
+from rlcore.rollout.samples import replicate, samples_to_request
 from rlcore_rollout_sglang.options import SGLangOptions
 from rlcore_rollout_sglang.results import check
-from rlcore_rollout_sglang.translate import AbortedError, generate_body, group_outputs, replicate, samples_to_request
+from rlcore_rollout_sglang.translate import AbortedError, generate_body, group_outputs
 from rlcore_rollout_sglang.weights import adapter_name, write_adapter, write_checkpoint
 
 WEIGHT_TAGS = ["weights"]

@@ -27,6 +27,7 @@ from typing import Any
 
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
+from rlcore.rollout.samples import samples_to_request
 from rlcore_rollout_sglang.options import SGLangOptions
 
 # The GenerateReqInput fields rlcore sends (Engine.generate's keyword arguments, /generate's JSON).
@@ -68,19 +69,6 @@ def engine_kwargs(options: SGLangOptions, context: BuildContext | None) -> dict[
         kwargs["lora_target_modules"] = list(options.lora_target_modules or ["all"])
     kwargs.update(options.engine_args)
     return kwargs
-
-
-def samples_to_request(params: SamplingParams) -> int:
-    """Greedy samples are identical: ask for one and copy it (see :func:`replicate`)."""
-    return 1 if params.temperature == 0 else params.n
-
-
-def replicate(completions: list[Completion], n: int) -> list[Completion]:
-    """Expand one greedy completion to the n the caller asked for (independent copies)."""
-    if len(completions) == n:
-        return completions
-    one = completions[0]
-    return [Completion(list(one.token_ids), list(one.logprobs), one.finish_reason) for _ in range(n)]
 
 
 def sampling_params(params: SamplingParams, *, with_stop_strings: bool = True) -> dict[str, Any]:
@@ -158,33 +146,3 @@ def group_outputs(outputs: Any, prompts: int, n: int, where: str) -> list[list[C
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise RlcoreError(f"{where}: unexpected SGLang answer ({type(exc).__name__}: {exc})") from None
     return [done[i * n : (i + 1) * n] for i in range(prompts)]
-
-
-def first_stop(token_ids: Sequence[int], stops: Sequence[str], tokenizer: Any) -> int | None:
-    """The index of the token that completes one of ``stops`` in the decoded response, or None.
-
-    Used where SGLang runs without a tokenizer (colocated, ``skip_tokenizer_init``) and so cannot
-    match stop strings itself: sampling is token by token, so cutting a finished sample right after
-    that token gives exactly the sample an engine that stopped there would have produced.
-    """
-
-    def decode(ids: Sequence[int]) -> str:
-        return tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
-
-    if not stops or not any(s in decode(token_ids) for s in stops):
-        return None
-    for k in range(len(token_ids)):
-        if any(s in decode(token_ids[: k + 1]) for s in stops):
-            return k
-    return None  # pragma: no cover - the full text matched, so some prefix does
-
-
-def apply_stop_strings(group: list[Completion], stops: Sequence[str], tokenizer: Any) -> list[Completion]:
-    out = []
-    for c in group:
-        k = first_stop(c.token_ids, stops, tokenizer)
-        if k is None:
-            out.append(c)
-        else:
-            out.append(Completion(c.token_ids[: k + 1], c.logprobs[: k + 1], "stop"))
-    return out

@@ -19,10 +19,11 @@ from loguru import logger
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore.rollout.options import unknown_name_message
+from rlcore.rollout.samples import replicate
 from rlcore_rollout_vllm import compat
 from rlcore_rollout_vllm.names import live_engine_args
 from rlcore_rollout_vllm.options import VLLMOptions
-from rlcore_rollout_vllm.translate import engine_kwargs, replicate, sampling_kwargs
+from rlcore_rollout_vllm.translate import engine_kwargs, sampling_kwargs
 from rlcore_rollout_vllm.weights import LoraSpec, buckets, write_adapter
 
 

@@ -19,8 +19,9 @@ from loguru import logger
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore.rollout.remote import ServerError, ServerPool
+from rlcore.rollout.samples import replicate, samples_to_request
 from rlcore_rollout_vllm.options import VLLMOptions
-from rlcore_rollout_vllm.translate import completion_body, parse_completion, replicate, samples_to_request
+from rlcore_rollout_vllm.translate import completion_body, parse_completion
 from rlcore_rollout_vllm.weights import LoraSpec, proj_modules, with_base_layer, write_adapter, write_safetensors
 
 

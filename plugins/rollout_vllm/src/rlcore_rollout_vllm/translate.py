@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
+from rlcore.rollout.samples import samples_to_request  # vLLM refuses n > 1 with greedy sampling
 from rlcore_rollout_vllm.options import VLLMOptions
 
 # vLLM's max_lora_rank accepts only these (vllm/config/lora.py, MaxLoRARanks, 0.26 to 0.33).
@@ -55,19 +56,6 @@ def engine_kwargs(options: VLLMOptions, context: BuildContext | None) -> dict[st
         kwargs["tokenizer"] = tokenizer
     kwargs.update(options.engine_args)
     return kwargs
-
-
-def samples_to_request(params: SamplingParams) -> int:
-    """vLLM refuses n > 1 with greedy sampling; greedy samples are identical, so ask for one."""
-    return 1 if params.temperature == 0 else params.n
-
-
-def replicate(completions: list[Completion], n: int) -> list[Completion]:
-    """Expand one greedy completion to the n the caller asked for (independent copies)."""
-    if len(completions) == n:
-        return completions
-    one = completions[0]
-    return [Completion(list(one.token_ids), list(one.logprobs), one.finish_reason) for _ in range(n)]
 
 
 def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
