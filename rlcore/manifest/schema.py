@@ -101,7 +101,10 @@ class TrainerTable(Table):
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = Field(1.0, gt=0)
-    micro_batch_tokens: int = Field(8192, ge=1, description="token budget of one forward/backward")
+    micro_batch_tokens: int = Field(
+        4096, ge=1,
+        description="token budget of one packed forward/backward row (attention over a packed row costs its length squared)",
+    )
     save_every: int = Field(0, ge=0, description="0 = only at the end")
     keep_checkpoints: int = Field(2, ge=1)
     eval_every: int = Field(0, ge=0, description="0 = only before and after training")
