@@ -177,9 +177,9 @@ def test_full_weight_update_through_disk_changes_generation(server, tmp_path):
     assert sorted(p.name for p in (tmp_path / "sync").iterdir()) == ["weights-v2"]  # the old version is removed
     # Buckets: two 1.2 MB tensors with 1 MB buckets give two shards.
     big = {"a.weight": torch.zeros(600, 512), "b.weight": torch.zeros(600, 512)}
-    from rlcore_rollout_sglang.weights import write_checkpoint
+    from rlcore.rollout.weights import write_shards
 
-    assert len(write_checkpoint(big.items(), tmp_path / "ck", 1 << 20)) == 2
+    assert len(write_shards(big.items(), tmp_path / "ck", 1 << 20)) == 2
 
 
 def test_rejected_weight_update_names_the_server_and_the_reason(tmp_path):

@@ -28,10 +28,10 @@ from rlcore.errors import UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore.rollout.remote import RejectedError, ServerError, ServerPool
 from rlcore.rollout.samples import replicate, samples_to_request
+from rlcore.rollout.weights import adapter_name, write_adapter, write_shards
 from rlcore_rollout_sglang.options import SGLangOptions
 from rlcore_rollout_sglang.results import check
 from rlcore_rollout_sglang.translate import AbortedError, generate_body, group_outputs
-from rlcore_rollout_sglang.weights import adapter_name, write_adapter, write_checkpoint
 
 WEIGHT_TAGS = ["weights"]
 OTHER_TAGS = ["kv_cache", "cuda_graph"]
@@ -109,7 +109,7 @@ class SGLangServerEngine:
         root = self._sync_dir()
         version = self.weight_version + 1
         path = os.path.abspath(os.path.join(root, f"weights-v{version}"))
-        write_checkpoint(named_tensors, path, self.options.weight_bucket_mb << 20)
+        write_shards(named_tensors, path, self.options.weight_bucket_mb << 20)
         self._wake_weights()
         body = {"model_path": path, "weight_version": str(version)}
         try:

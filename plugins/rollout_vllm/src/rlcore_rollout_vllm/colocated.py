@@ -20,11 +20,12 @@ from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore.rollout.options import unknown_name_message
 from rlcore.rollout.samples import replicate
+from rlcore.rollout.weights import buckets, write_adapter
 from rlcore_rollout_vllm import compat
 from rlcore_rollout_vllm.names import live_engine_args
 from rlcore_rollout_vllm.options import VLLMOptions
 from rlcore_rollout_vllm.translate import engine_kwargs, sampling_kwargs
-from rlcore_rollout_vllm.weights import LoraSpec, buckets, write_adapter
+from rlcore_rollout_vllm.weights import LoraSpec
 
 
 def _load_bucket(bucket, model) -> int:
@@ -150,7 +151,7 @@ class VLLMColocatedEngine:
         self._lora_version += 1
         path = write_adapter(named_tensors, spec, os.path.join(self._lora_root, f"v{self._lora_version}"))
         old = self._lora_request
-        self._lora_request = LoRARequest(f"{spec.name}-{self._lora_version}", self._lora_version, path)
+        self._lora_request = LoRARequest(f"{spec.name}-{self._lora_version}", self._lora_version, str(path))
         try:
             self.llm.llm_engine.add_lora(self._lora_request)
         except Exception as exc:  # noqa: BLE001 - vLLM raises several kinds for a bad adapter

@@ -20,9 +20,10 @@ from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore.rollout.remote import ServerError, ServerPool
 from rlcore.rollout.samples import replicate, samples_to_request
+from rlcore.rollout.weights import write_adapter, write_shards
 from rlcore_rollout_vllm.options import VLLMOptions
 from rlcore_rollout_vllm.translate import completion_body, parse_completion
-from rlcore_rollout_vllm.weights import LoraSpec, proj_modules, with_base_layer, write_adapter, write_safetensors
+from rlcore_rollout_vllm.weights import LoraSpec, proj_modules, with_base_layer
 
 
 class VLLMServerEngine:
@@ -101,7 +102,7 @@ class VLLMServerEngine:
         if self.options.lora_rank:  # servers started with --enable-lora keep base weights under base_layer
             pairs, wrapped = proj_modules(named_tensors)
             named_tensors = with_base_layer(pairs, wrapped)
-        write_safetensors(named_tensors, path, self.options.weight_bucket_mb << 20)
+        write_shards(named_tensors, path, self.options.weight_bucket_mb << 20, index=False)
         try:
             responses = self.pool.broadcast(
                 "POST",

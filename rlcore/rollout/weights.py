@@ -1,5 +1,9 @@
-"""Moving trainer weights to SGLang: size-bounded buckets in memory (colocated), safetensors
-shards and PEFT adapter directories on disk (servers load from a path)."""
+"""Trainer weights on their way to an inference engine: size-bounded buckets in memory, and on
+disk (for servers that load from a path) safetensors shards and PEFT adapter directories.
+
+torch and safetensors are imported only by the functions that write tensors, so the module
+itself stays light.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ NamedTensors = Iterable[tuple[str, "torch.Tensor"]] | Mapping[str, "torch.Tensor
 
 
 def pairs(named_tensors: NamedTensors) -> Iterator[tuple[str, "torch.Tensor"]]:
+    """``(name, tensor)`` pairs from a mapping or an iterable of pairs."""
     return iter(named_tensors.items()) if isinstance(named_tensors, Mapping) else iter(named_tensors)
 
 
@@ -37,7 +42,8 @@ def buckets(named_tensors: NamedTensors, max_bytes: int) -> Iterator[list[tuple[
         yield bucket
 
 
-def _fresh(directory: str | Path) -> Path:
+def fresh_dir(directory: str | Path) -> Path:
+    """``directory``, emptied (a previous version there is removed)."""
     out = Path(directory)
     if out.exists():
         shutil.rmtree(out)
@@ -45,12 +51,12 @@ def _fresh(directory: str | Path) -> Path:
     return out
 
 
-def write_checkpoint(named_tensors: NamedTensors, directory: str | Path, max_bytes: int) -> list[Path]:
+def write_shards(named_tensors: NamedTensors, directory: str | Path, max_bytes: int, *, index: bool = True) -> list[Path]:
     """A Hugging Face style checkpoint in a fresh ``directory``: one safetensors shard per bucket
-    and ``model.safetensors.index.json`` (what SGLang's loader reads in ``update_weights_from_disk``)."""
+    and, with ``index``, ``model.safetensors.index.json`` (which some loaders read)."""
     from safetensors.torch import save_file
 
-    out = _fresh(directory)
+    out = fresh_dir(directory)
     shards: list[Path] = []
     weight_map: dict[str, str] = {}
     total = 0
@@ -64,8 +70,9 @@ def write_checkpoint(named_tensors: NamedTensors, directory: str | Path, max_byt
             total += t.numel() * t.element_size()
     if not shards:
         raise UsageError("update_weights received no tensors")
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1), encoding="utf-8")
+    if index:
+        body = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(body, indent=1), encoding="utf-8")
     return shards
 
 
@@ -93,17 +100,20 @@ def adapter_config(lora: Any) -> dict[str, Any]:
         "lora_dropout": float(get("dropout", 0.0) or 0.0),
         "target_modules": targets if isinstance(targets, str) else list(targets),
         "bias": "none",
+        "fan_in_fan_out": False,
         "inference_mode": True,
     }
 
 
 def adapter_name(lora: Any) -> str:
+    """The adapter's ``name`` (engines add a version to it), ``rlcore`` when it has none."""
     name = lora.get("name") if isinstance(lora, Mapping) else getattr(lora, "name", None)
     return str(name or "rlcore")
 
 
 def write_adapter(named_tensors: NamedTensors, lora: Any, directory: str | Path) -> Path:
-    """A PEFT adapter directory (adapter_config.json + adapter_model.safetensors)."""
+    """A PEFT adapter directory (adapter_config.json + adapter_model.safetensors); ``lora`` is
+    anything :func:`adapter_config` takes."""
     from safetensors.torch import save_file
 
     tensors = {name: t.detach().contiguous().cpu() for name, t in pairs(named_tensors)}
@@ -113,7 +123,7 @@ def write_adapter(named_tensors: NamedTensors, lora: Any, directory: str | Path)
     if stray:
         raise UsageError(f"update_weights(lora=...) expects only LoRA adapter tensors (PEFT names), got e.g. {stray[0]!r}")
     config = adapter_config(lora)
-    out = _fresh(directory)
+    out = fresh_dir(directory)
     save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
     (out / "adapter_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
     return out
