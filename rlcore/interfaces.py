@@ -36,8 +36,9 @@ class SamplingParams(BaseModel):
 
 @dataclass
 class Completion:
-    """One sampled response. ``logprobs[i]`` is the sampling log-probability of ``token_ids[i]``
-    under the engine's (temperature-scaled) distribution."""
+    """One sampled response. ``logprobs[i]`` is ``log_softmax(logits / T)`` at ``token_ids[i]``
+    (T the temperature, 1 when greedy), taken before top-k / top-p truncation: the distribution
+    the trainer recomputes from a plain forward pass."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -50,7 +51,13 @@ class RolloutEngine(Protocol):
         """Return ``params.n`` completions for each prompt, in prompt order."""
 
     def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None:
-        """Load new weights (Hugging Face parameter names) from the trainer."""
+        """Load new weights (Hugging Face parameter names) from the trainer.
+
+        Engines that serve LoRA adapters may accept a keyword-only ``lora=`` (rank, alpha and
+        target modules) and then receive only the adapter tensors, named as
+        ``peft.get_peft_model_state_dict`` names them. An engine that generates with the trainer's
+        own module (``shares_actor = True``) must not consume the iterable.
+        """
 
     def sleep(self) -> None:
         """Free what the engine can (KV cache, optionally weights) while the trainer runs."""
