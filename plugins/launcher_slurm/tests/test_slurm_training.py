@@ -15,25 +15,17 @@ import pytest
 import tomli_w
 
 from rlcore_launcher_slurm import slurm
+from trainer_support import BASE, deep_update  # tests/ is on pytest's pythonpath
 
 
 def tiny_manifest(directory: Path, model: Path, steps: int = 2, **launcher) -> Path:
-    doc = {
-        "run": {"name": "slurm-e2e", "seed": 3, "threads": 1},
+    """The shared tiny training manifest (tests/trainer_support.py), launched through SLURM."""
+    doc = deep_update(BASE, {
+        "run": {"name": "slurm-e2e"},
         "model": {"path": str(model)},
-        "data": {
-            "train": "synthetic:addition?size=64&seed=0&split=train",
-            "val": "synthetic:addition?size=8&seed=0&split=test",
-            "prompts_per_step": 4,
-            "max_prompt_tokens": 128,
-            "max_response_tokens": 6,
-        },
-        "rollout": {"engine": "hf", "samples_per_prompt": 2},
-        "reward": {"function": "gsm8k", "method": "flexible"},
-        "algorithm": {"advantage": "grpo", "policy_loss": "ppo_clip"},
-        "trainer": {"steps": steps, "lr": 1e-3, "loggers": ["console", "jsonl"], "eval_before_train": False},
+        "trainer": {"steps": steps, "loggers": ["console", "jsonl"]},
         "launcher": {"name": "slurm", "poll_interval": 0.5, **launcher},
-    }
+    })
     path = directory / "manifest.toml"
     path.write_text(tomli_w.dumps(doc), encoding="utf-8")
     return path

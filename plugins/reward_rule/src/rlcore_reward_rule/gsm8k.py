@@ -7,7 +7,7 @@ import re
 from rlcore.interfaces import RewardInput, RewardResult
 
 from rlcore_reward_rule.numbers import NUMBER, clean_number, numbers_in, same_number
-from rlcore_reward_rule.options import GSM8KOptions
+from rlcore_reward_rule.options import GSM8KOptions, graded_score
 
 _STRICT = re.compile(r"####\s*\$?\s*(" + NUMBER + ")")
 
@@ -30,12 +30,7 @@ class GSM8KReward:
     def __call__(self, item: RewardInput) -> RewardResult:
         answer = extract_answer(item.response or "", self.options.method)
         correct = same_number(answer, item.ground_truth)
-        if correct:
-            score = self.options.correct_score
-        elif answer is not None:
-            score = self.options.format_score
-        else:
-            score = 0.0
+        score = graded_score(self.options, correct, answer is not None)
         return RewardResult(score, {"answer_found": float(answer is not None), "correct": float(correct)})
 
 

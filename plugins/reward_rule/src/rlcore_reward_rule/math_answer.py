@@ -16,7 +16,7 @@ from rlcore.errors import RlcoreError
 from rlcore.interfaces import RewardInput, RewardResult
 
 from rlcore_reward_rule.mathnorm import equivalent, last_boxed
-from rlcore_reward_rule.options import MathOptions
+from rlcore_reward_rule.options import MathOptions, graded_score
 
 
 def _math_verify() -> Any:
@@ -69,12 +69,7 @@ class MathReward:
         answer = last_boxed(item.response or "")
         truths = item.ground_truth if isinstance(item.ground_truth, (list, tuple)) else [item.ground_truth]
         correct = answer is not None and any(self.is_correct(answer, t) for t in truths if t is not None)
-        if correct:
-            score = self.options.correct_score
-        elif answer is not None:
-            score = self.options.format_score
-        else:
-            score = 0.0
+        score = graded_score(self.options, correct, answer is not None)
         return RewardResult(score, {"boxed": float(answer is not None), "correct": float(correct)})
 
 

@@ -63,3 +63,10 @@ class FormatOptions(Options):
         except re.error as exc:
             raise ValueError(f"not a valid regular expression: {exc}") from None
         return value
+
+
+def graded_score(options: GSM8KOptions | MathOptions, correct: bool, found: bool) -> float:
+    """The score of an answer-checking reward: correct, found but wrong, or no answer at all."""
+    if correct:
+        return options.correct_score
+    return options.format_score if found else 0.0
