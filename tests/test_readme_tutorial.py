@@ -1,0 +1,42 @@
+"""The README's "write your own plugin" section works as written: its files, installed with pip,
+give a plugin that `rlcore plugins` lists and whose own test passes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+from core_support import ROOT, run_cli
+
+
+def _block(readme: str, marker: str) -> str:
+    for body in re.findall(r"```\w*\n(.*?)```", readme, re.S):
+        if marker in body:
+            return textwrap.dedent(body)
+    raise AssertionError(f"no code block with {marker!r} in the README")
+
+
+def test_the_plugin_tutorial(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    project = tmp_path / "rlcore-short"
+    (project / "src" / "rlcore_short").mkdir(parents=True)
+    (project / "tests").mkdir()
+    (project / "pyproject.toml").write_text(_block(readme, 'name = "rlcore-short"'))
+    (project / "src" / "rlcore_short" / "__init__.py").write_text("")
+    (project / "src" / "rlcore_short" / "plugin.py").write_text(_block(readme, "class ShortOptions"))
+    (project / "src" / "rlcore_short" / "reward.py").write_text(_block(readme, "def build(options, context)"))
+    (project / "tests" / "test_short.py").write_text(_block(readme, "def test_short"))
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+                    "--target", str(site), str(project)], check=True, capture_output=True, timeout=300)
+    env = {"PYTHONPATH": str(site)}
+    proc = run_cli("plugins", "--json", env=env)
+    plugins = {p["name"]: p for p in json.loads(proc.stdout)["plugins"]}
+    assert plugins["short"]["components"] == {"reward_function": ["short"]}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(project / "tests")],
+                          capture_output=True, text=True, env={**os.environ, **env}, cwd=project, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
