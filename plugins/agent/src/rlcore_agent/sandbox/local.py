@@ -178,7 +178,9 @@ class LocalSandbox:
         )
         if self.isolation == "bwrap":
             assert self.bwrap is not None
-            argv = [self.bwrap, *self._ro_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+            # The private /tmp comes first: binds made after it stay visible, which matters when the
+            # interpreter itself lives under /tmp (a virtual environment in a CI checkout).
+            argv = [self.bwrap, "--tmpfs", "/tmp", *self._ro_binds(), "--proc", "/proc", "--dev", "/dev"]
             argv += ["--bind", str(workdir), SANDBOX_DIR, "--chdir", SANDBOX_DIR]
             argv += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
             if not self.as_root:
