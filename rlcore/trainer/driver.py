@@ -9,7 +9,7 @@ from pathlib import Path
 import tomli_w
 from loguru import logger
 
-from rlcore.errors import RlcoreError
+from rlcore.errors import RlcoreError, UsageError
 from rlcore.manifest.loader import ResolvedManifest
 from rlcore.trainer.checkpoint import Checkpointer, write_atomic_text
 
@@ -18,7 +18,7 @@ def prepare_run_dir(manifest: ResolvedManifest, run_dir: Path, resume: bool) -> 
     """Create the run directory; refuse to overwrite an earlier run's checkpoints unless resuming."""
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resume and Checkpointer(run_dir).latest() is not None:
-        raise RlcoreError(
+        raise UsageError(
             f"the run directory {run_dir} already holds checkpoints; pass --resume to continue that run, "
             "or change [run] name (or --run-dir) to start a new one"
         )

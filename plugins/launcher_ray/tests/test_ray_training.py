@@ -100,7 +100,7 @@ def test_ray_job_mode_failure_is_the_exit_code(ray_cluster, tiny_model, tmp_path
     manifest = write_manifest(tmp_path, tiny_model, {"name": "ray", "address": ray_cluster.dashboard, "job": True})
     (tmp_path / "run" / "checkpoints" / "step_000001").mkdir(parents=True)
     (tmp_path / "run" / "checkpoints" / "step_000001" / STATE_FILE).write_text("{}")
-    assert rlcore_run(manifest, tmp_path / "run") == 1
+    assert rlcore_run(manifest, tmp_path / "run") == 2  # the driver refuses: a usage error
     out = capfd.readouterr().out
     assert "already holds checkpoints" in out and re.search(r"Ray job rlcore-t-\S+ FAILED", out), out[-3000:]
 
