@@ -41,6 +41,17 @@ from rlcore.errors import UsageError
 SANDBOX_DIR = "/sandbox"
 
 
+def _base_interpreter() -> str:
+    """The real interpreter behind this (possibly virtual) environment.
+
+    Model-written code needs only the standard library; the base interpreter lives outside the
+    sandbox's private /tmp even when the virtual environment is under /tmp (a CI checkout).
+    """
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    real = os.path.realpath(base)
+    return real if os.path.exists(real) else sys.executable
+
+
 @dataclass(frozen=True)
 class Limits:
     wall_s: float = 10.0
@@ -86,7 +97,7 @@ class LocalSandbox:
         max_concurrency: int = 32,
     ):
         self.limits = limits or Limits()
-        self.python = python or sys.executable
+        self.python = python or _base_interpreter()
         self.max_concurrency = max(1, min(int(max_concurrency), 128))
         self.as_root = os.geteuid() == 0
         bwrap = shutil.which("bwrap")
@@ -178,9 +189,7 @@ class LocalSandbox:
         )
         if self.isolation == "bwrap":
             assert self.bwrap is not None
-            # The private /tmp comes first: binds made after it stay visible, which matters when the
-            # interpreter itself lives under /tmp (a virtual environment in a CI checkout).
-            argv = [self.bwrap, "--tmpfs", "/tmp", *self._ro_binds(), "--proc", "/proc", "--dev", "/dev"]
+            argv = [self.bwrap, *self._ro_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
             argv += ["--bind", str(workdir), SANDBOX_DIR, "--chdir", SANDBOX_DIR]
             argv += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
             if not self.as_root:
