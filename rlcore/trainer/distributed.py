@@ -183,9 +183,3 @@ def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float, ranks:
         g.mul_(scale.to(g.device, g.dtype))
     return float(norm)
 
-
-def as_float(value: Any) -> float:
-    """A (possibly distributed) scalar tensor as a float."""
-    if hasattr(value, "full_tensor"):
-        value = value.full_tensor()
-    return float(value)
