@@ -97,6 +97,10 @@ def load_causal_lm(model: ModelTable, device: str, path: str | None = None):
     kwargs = _hf_kwargs(model) if path == model.path else {"trust_remote_code": model.trust_remote_code}
     if model.attn_implementation:
         kwargs["attn_implementation"] = model.attn_implementation
+        if model.attn_implementation == "rlcore_varlen":
+            from rlcore.trainer.attention import register
+
+            register()
     try:
         lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(model.dtype), **kwargs)
     except Exception as exc:  # noqa: BLE001

@@ -1,0 +1,111 @@
+"""attn_implementation = "rlcore_varlen": packed rows attended per sequence, everything else as SDPA."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from rlcore.interfaces import Prompt, Trajectory
+from rlcore.trainer.attention import NAME, register
+from rlcore.trainer.batch import build_batch, pack
+from rlcore.trainer.logprobs import token_logprobs
+
+SHAPES = [(5, 7), (9, 3), (2, 11), (1, 1)]
+
+
+def _models(device="cpu", dtype=torch.float32):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    register()
+    torch.manual_seed(0)
+    config = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=128, vocab_size=300, tie_word_embeddings=True, attn_implementation="sdpa")
+    sdpa = Qwen2ForCausalLM(config).to(device=device, dtype=dtype)
+    varlen = copy.deepcopy(sdpa)
+    varlen.set_attn_implementation(NAME)
+    return sdpa, varlen
+
+
+def _batch(vocab=300, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    trajectories = [
+        Trajectory(prompt=Prompt(token_ids=torch.randint(0, vocab, (p,), generator=g).tolist(), messages=[]),
+                   response_ids=torch.randint(0, vocab, (r,), generator=g).tolist(), response_mask=[1] * r,
+                   rollout_logprobs=[0.0] * r)
+        for p, r in SHAPES
+    ]
+    return build_batch(trajectories, [0.0] * len(trajectories), 1)
+
+
+def _logprobs_and_grads(model, micro):
+    model.zero_grad(set_to_none=True)
+    lp, ent = token_logprobs(model, micro, with_entropy=True)
+    (lp.sum() + ent.sum()).backward()
+    return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_packed_row_matches_sdpa_and_separate_sequences():
+    sdpa, varlen = _models()
+    batch = _batch()
+    packed = pack(batch, list(range(batch.size)), 4096)
+    assert len(packed) == 1 and packed[0].num_tokens == sum(p + r for p, r in SHAPES)
+    lp_a, ent_a, grads_a = _logprobs_and_grads(sdpa, packed[0])
+    lp_b, ent_b, grads_b = _logprobs_and_grads(varlen, packed[0])
+    torch.testing.assert_close(lp_b, lp_a, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent_b, ent_a, rtol=1e-5, atol=1e-5)
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-4, atol=1e-6, msg=name)
+    # and each sequence alone (one micro-batch per row) gives the same log-probs
+    alone = torch.cat([token_logprobs(sdpa, m)[0].detach() for m in pack(batch, list(range(batch.size)), 1)])
+    order = [r for m in pack(batch, list(range(batch.size)), 1) for r in m.rows]
+    assert order == sorted(order, key=lambda r: -sum(SHAPES[r]))
+    by_row = {}
+    offset = 0
+    for r in order:
+        by_row[r] = alone[offset : offset + SHAPES[r][1]]
+        offset += SHAPES[r][1]
+    torch.testing.assert_close(lp_b, torch.cat([by_row[r] for r in packed[0].rows]), rtol=1e-5, atol=1e-5)
+
+
+def test_padded_batches_and_cached_generation_go_through_sdpa_unchanged():
+    sdpa, varlen = _models()
+    ids = torch.randint(0, 300, (3, 8), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding
+    mask[2, :1] = 0
+    with torch.no_grad():
+        a = sdpa(input_ids=ids, attention_mask=mask).logits
+        b = varlen(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(b[mask.bool()], a[mask.bool()], rtol=1e-5, atol=1e-5)
+    gen = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    out_a = sdpa.generate(input_ids=ids, attention_mask=mask, **gen)
+    out_b = varlen.generate(input_ids=ids, attention_mask=mask, **gen)
+    assert torch.equal(out_a, out_b)
+    one = ids[1:2]
+    assert torch.equal(sdpa.generate(input_ids=one, **gen), varlen.generate(input_ids=one, **gen))
+
+
+def test_manifest_option_loads_the_model_with_it(tmp_path):
+    from rlcore.manifest.schema import ModelTable
+    from rlcore.trainer.models import load_causal_lm
+
+    sdpa, _ = _models()
+    sdpa.save_pretrained(tmp_path)
+    lm = load_causal_lm(ModelTable(path=str(tmp_path), attn_implementation=NAME), "cpu")
+    assert lm.config._attn_implementation == NAME
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the flash varlen kernel needs CUDA")
+def test_cuda_bfloat16_flash_kernel_matches_sdpa():
+    sdpa, varlen = _models("cuda", torch.bfloat16)
+    batch = _batch()
+    micro = pack(batch, list(range(batch.size)), 4096, "cuda")[0]
+    lp_a, ent_a, grads_a = _logprobs_and_grads(sdpa, micro)
+    lp_b, ent_b, grads_b = _logprobs_and_grads(varlen, micro)
+    torch.testing.assert_close(lp_b, lp_a, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(ent_b, ent_a, rtol=2e-2, atol=2e-2)
+    for name in grads_a:
+        cos = torch.nn.functional.cosine_similarity(grads_a[name].float().flatten(), grads_b[name].float().flatten(), dim=0)
+        assert cos > 0.99, (name, float(cos))
