@@ -342,6 +342,8 @@ def run_rlcore(args, shape: str, prompts: list[str]) -> dict:
         training = measure_training(args, trainer) if not args.skip_train_only else None
         params = sum(p.numel() for p in trainer.actor.parameters())
     finally:
+        for sink in trainer.sinks:
+            sink.close()
         trainer.rewards.close()
         trainer.dist.close()
     timed = steps[args.warmup:] or steps
@@ -423,11 +425,11 @@ def _fmt(value, spec: str, unit: str = "") -> str:
 def report(results: dict, args) -> None:
     P, S, T, R = args.workload
     print(f"\nGRPO step: {P} prompts x {S} samples, {T}-token prompts, {R}-token responses, one optimizer step, "
-          f"no KL; device {args.device}; rlcore dtype {args.dtype}")
+          f"no KL; device {args.device}; rlcore dtype {args.dtype}, options {results['rlcore_options']}")
     trl = results.get("trl")
     rows = []
     if trl:
-        what = f"TRL GRPOTrainer, 1st step (fp32+TF32, mb {trl['micro_batch']}{', GC' if trl['gradient_checkpointing'] else ''})"
+        what = f"TRL GRPOTrainer, 1st step (fp32{'+TF32' if args.device.startswith('cuda') else ''}, mb {trl['micro_batch']}{', GC' if trl['gradient_checkpointing'] else ''})"
         rows.append((what, args.shape, trl["step_s"], None, None, trl["peak_gib"]))
     for key in ("rlcore", "rlcore_1.5b"):
         r = results.get(key)
@@ -491,7 +493,9 @@ def main() -> None:
 
     results: dict = {"device": args.device, "workload": dict(prompts=P, samples=S, prompt_tokens=T, response_tokens=R),
                      "shape": args.shape, "dtype": args.dtype, "torch": torch.__version__,
-                     "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None}
+                     "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+                     "rlcore_options": {"attn_implementation": args.attn, "micro_batch_tokens": args.micro_batch_tokens,
+                                        "gradient_checkpointing": args.gradient_checkpointing, "engine": args.engine_option}}
     if not args.skip_trl:
         import trl
 
