@@ -9,9 +9,9 @@ token under the temperature-scaled distribution before truncation, and a per-cal
 (``DynamicCache``: ``batch_select_indices`` copies a prompt's cache to its samples and drops
 finished rows) and its attention-mask logic are reused as they are.
 
-The loop is split so that a GPU fast path can replace pieces later: :func:`sample_next` already
-runs on the logits' device without host syncs; a static cache and a CUDA-graphed
-``_decode_step`` would slot in behind the same ``_generate_chunk``.
+That loop is the plain path. For Llama-family models the fast path (``fast_path.py``) replaces
+it: its own slot KV cache, continuous batching and CUDA-graphed decode steps, built from the same
+model's submodules; ``fast_path = "auto"`` takes it on CUDA.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import torch
 
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
+from rlcore_rollout_hf.decoder import SlotDecoder, unsupported_reason
+from rlcore_rollout_hf.fast_path import FastGenerator
 from rlcore_rollout_hf.options import HFEngineOptions
 from rlcore_rollout_hf.sampling import sample_next
 from rlcore_rollout_hf.stopping import StopChecker, collect_stop_ids
@@ -94,11 +96,38 @@ class HFRolloutEngine:
         peft_config = getattr(self.model, "active_peft_config", None)
         if peft_config is not None and getattr(peft_config, "is_prompt_learning", False):
             raise UsageError("the hf rollout engine does not support peft prompt-learning adapters (prefix/prompt tuning)")
+        self.fast = self._fast_generator()
+
+    def _fast_generator(self) -> FastGenerator | None:
+        mode = self.options.fast_path
+        if mode == "off" or (mode == "auto" and self.device.type != "cuda"):
+            return None
+        reason = unsupported_reason(self.model)
+        if reason:
+            if mode == "on":
+                raise UsageError(f"[rollout] fast_path = \"on\" cannot run this model: {reason}; use \"auto\" or \"off\"")
+            return None
+        return FastGenerator(
+            SlotDecoder(self.model),
+            self.device,
+            max_rows=self.options.max_batch_size,
+            cuda_graphs=self.options.cuda_graphs,
+            sync_every=self.options.sync_every,
+            compile=self.options.compile,
+        )
 
     # ------------------------------------------------------------------ contract
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
-        """Return ``params.n`` completions per prompt, in prompt order (see README for semantics)."""
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> list[list[Completion]]:
+        """Return ``params.n`` completions per prompt, in prompt order (see README for semantics).
+
+        ``max_new_tokens`` (this engine only) caps each prompt's samples separately, below
+        ``params.max_new_tokens``: benchmarks use it to end responses at set, varied lengths."""
         if self._asleep:
             raise RlcoreError("the hf rollout engine is asleep; call wake_up() before generate()")
         prompts = self._checked_prompts(prompts, params)
@@ -111,12 +140,21 @@ class HFRolloutEngine:
         generator = torch.Generator(device=self.device)
         generator.manual_seed(seed)
 
+        caps = self._caps(prompts, params, max_new_tokens)
         rows = [i for i in range(len(prompts)) for _ in range(params.n)]
         out: list[Completion] = []
         with self._generation_mode():
-            for start in range(0, len(rows), self.options.max_batch_size):
-                chunk = rows[start : start + self.options.max_batch_size]
-                out.extend(self._generate_chunk([prompts[i] for i in chunk], chunk, params, stop_ids, generator))
+            if self.fast is not None:
+                out = self.fast.generate(
+                    [prompts[i] for i in rows], rows, [caps[i] for i in rows], params, stop_ids,
+                    generator, self.tokenizer, self.options.share_prefill,
+                )
+            else:
+                for start in range(0, len(rows), self.options.max_batch_size):
+                    chunk = rows[start : start + self.options.max_batch_size]
+                    out.extend(
+                        self._generate_chunk([prompts[i] for i in chunk], chunk, [caps[i] for i in chunk], params, stop_ids, generator)
+                    )
         n = params.n
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
@@ -131,6 +169,8 @@ class HFRolloutEngine:
         if self._asleep:
             return
         self._asleep = True
+        if self.fast is not None:
+            self.fast.release()
         gc.collect()
         if self.options.offload_weights and not self.shares_actor and self.device.type != "cpu":
             self.model.to("cpu")
@@ -167,6 +207,22 @@ class HFRolloutEngine:
                 )
             checked.append(ids)
         return checked
+
+    def _caps(self, prompts: list[list[int]], params: SamplingParams, caps: Sequence[int] | None) -> list[int]:
+        """Per prompt: most new tokens, within ``params.max_new_tokens`` and the model's positions."""
+        if caps is None:
+            caps = [params.max_new_tokens] * len(prompts)
+        elif len(caps) != len(prompts):
+            raise UsageError(f"max_new_tokens has {len(caps)} entries for {len(prompts)} prompts")
+        out = []
+        for prompt, cap in zip(prompts, caps):
+            cap = min(int(cap), params.max_new_tokens)
+            if cap < 1:
+                raise UsageError(f"max_new_tokens entries must be at least 1, got {cap}")
+            if self.max_positions:
+                cap = min(cap, self.max_positions - len(prompt))
+            out.append(cap)
+        return out
 
     def _stop_ids(self, params: SamplingParams) -> frozenset[int]:
         generation_config = getattr(self.model, "generation_config", None)
@@ -206,6 +262,7 @@ class HFRolloutEngine:
         self,
         prompts: list[list[int]],
         prompt_index: list[int],
+        limits: list[int],
         params: SamplingParams,
         stop_ids: frozenset[int],
         generator: torch.Generator,
@@ -241,11 +298,6 @@ class HFRolloutEngine:
         logprobs: list[list[float]] = [[] for _ in range(batch)]
         reasons = ["length"] * batch
         checkers = [StopChecker(stop_ids, params.stop, self.tokenizer) for _ in range(batch)]
-        # A sample also ends ("length") where the model runs out of positions.
-        limits = [
-            min(params.max_new_tokens, self.max_positions - len(p)) if self.max_positions else params.max_new_tokens
-            for p in prompts
-        ]
         live = list(range(batch))  # batch position -> sequence
         done = [False] * batch
         remaining = batch

@@ -36,3 +36,18 @@ class HFEngineOptions(Options):
     offload_weights: bool = Field(
         False, description="on sleep(), move the engine's own weights (not a shared actor's) to CPU memory"
     )
+    fast_path: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="decode over a slot KV cache with continuous batching (llama, qwen2, qwen3, mistral): "
+        "auto = on CUDA for those architectures, on = everywhere (an error for other architectures), "
+        "off = the model's own forward with a DynamicCache",
+    )
+    cuda_graphs: bool = Field(True, description="capture the fast path's decode step as CUDA graphs (CUDA only)")
+    compile: bool = Field(
+        False,
+        description="fast path: torch.compile the decode step, fusing its element-wise kernels "
+        "(the first generate call compiles; needs a working torch.compile backend)",
+    )
+    sync_every: int = Field(
+        16, ge=1, le=1024, description="fast path: decode steps between looks at which sequences finished"
+    )

@@ -59,6 +59,21 @@ def sample_next(
 
     ``temperature == 0`` is greedy (argmax; log-probs at T = 1).
     """
+    uniform = None
+    if temperature != 0.0:
+        uniform = torch.rand((logits.shape[0],), generator=generator, device=logits.device, dtype=torch.float32)
+    return sample_with_uniform(logits, temperature, top_k, top_p, uniform)
+
+
+def sample_with_uniform(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    uniform: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sample_next` with the uniform draws [B] given: on CUDA the fast path draws them
+    outside its captured graph, so the graph itself holds no random-number state."""
     scaled = logits.float()
     if temperature not in (0.0, 1.0):
         scaled = scaled / temperature
@@ -68,11 +83,12 @@ def sample_next(
     if temperature == 0.0:
         tokens = scaled.argmax(dim=-1)
     else:
+        assert uniform is not None, "sampling at temperature > 0 needs uniform draws"
         ids = None
         if 0 < top_k < scaled.shape[-1] or top_p < 1.0:
             weights, ids = _candidates(weights, top_k, top_p)
         cdf = weights.cumsum(dim=-1)
-        u = torch.rand((cdf.shape[0], 1), generator=generator, device=cdf.device, dtype=cdf.dtype)
+        u = uniform.to(cdf.dtype)[:, None]
         tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
         tokens = tokens.clamp_(max=cdf.shape[-1] - 1)  # u * total rounding up to total
         tokens = (tokens if ids is None else ids.gather(-1, tokens)).squeeze(-1)

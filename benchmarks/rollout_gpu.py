@@ -1,0 +1,213 @@
+"""The embedded ``hf`` engine's fast path next to transformers ``generate`` and vLLM, in one run.
+
+    python benchmarks/rollout_gpu.py [--shape qwen2.5-0.5b] [--no-vllm] [--json OUT.json]
+
+A randomly initialised model of a real architecture (speed does not depend on the weights'
+values), bf16, token ids in and out, sampling at temperature 1, 128-token random prompts. Every
+engine runs every workload after a warm-up call of the same shape:
+
+- ``fixed``: 256 prompts x 256 new tokens, EOS ignored (the issue's anchor workload);
+- ``fixed-n4``: 64 prompts x 4 samples x 256 new tokens;
+- ``varied``: 256 prompts, each with its own max new tokens drawn uniformly from [16, 256]
+  (seed 0), as RL responses end at different lengths.
+
+transformers ``generate`` runs ``fixed`` only (it has no per-request lengths; as a baseline it
+is only needed there). Printed: generated tokens/s, the ratios, and the fraction of the decode
+roofline: each step must read the weights and the KV cache once at the measured 4.3 TB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+SHAPES = {
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=1000),
+}
+BANDWIDTH = 4.3e12  # bytes/s, measured device-memory copies on the H200
+PROMPT_TOKENS = 128
+
+
+def workloads(max_new: int, prompts: int, vocab: int) -> dict[str, dict]:
+    rng = random.Random(0)
+    ids = [[rng.randrange(100, vocab - 100) for _ in range(PROMPT_TOKENS)] for _ in range(prompts)]
+    caps = [rng.randint(16, max_new) for _ in range(prompts)]
+    return {
+        "fixed": dict(prompts=ids, n=1, caps=[max_new] * prompts),
+        "fixed-n4": dict(prompts=ids[: prompts // 4], n=4, caps=[max_new] * (prompts // 4)),
+        "varied": dict(prompts=ids, n=1, caps=caps),
+    }
+
+
+def generated(work: dict) -> int:
+    return sum(work["caps"]) * work["n"]
+
+
+def roofline(config, work: dict, param_bytes: int) -> float:
+    """Tokens/s if every decode step only read the weights and the live KV cache once."""
+    head_dim = config.hidden_size // config.num_attention_heads
+    per_token_kv = config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * 2
+    caps = [c for c in work["caps"] for _ in range(work["n"])]
+    steps = max(caps)
+    seconds = 0.0
+    for step in range(steps):
+        live = [c for c in caps if c > step]
+        kv = sum(PROMPT_TOKENS + step for _ in live) * per_token_kv
+        seconds += (param_bytes + kv) / BANDWIDTH
+    return sum(caps) / seconds
+
+
+def build_model(shape: str, device: str):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(tie_word_embeddings=True, max_position_embeddings=4096, eos_token_id=None,
+                         bos_token_id=None, **SHAPES[shape])
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
+    model.generation_config.eos_token_id = None
+    model.requires_grad_(False)
+    return model
+
+
+def timed(fn, device: str) -> float:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def run_rlcore(model, works: dict, device: str, options: dict) -> dict:
+    from rlcore.interfaces import SamplingParams
+    from rlcore_rollout_hf.engine import HFRolloutEngine
+    from rlcore_rollout_hf.options import HFEngineOptions
+
+    engine = HFRolloutEngine(model, options=HFEngineOptions(**options))
+    out = {}
+    for name, work in works.items():
+        params = SamplingParams(n=work["n"], temperature=1.0, max_new_tokens=max(work["caps"]), seed=1)
+        call = lambda: engine.generate(work["prompts"], params, max_new_tokens=work["caps"])  # noqa: E731
+        warm = timed(call, device)
+        result = []
+        seconds = timed(lambda: result.append(call()), device)
+        got = sum(len(c.token_ids) for group in result[0] for c in group)
+        assert got == generated(work), (got, generated(work))
+        out[name] = dict(seconds=seconds, warmup_seconds=warm, tokens=got, tokens_per_s=got / seconds)
+    engine.sleep()
+    return out
+
+
+def run_transformers(model, work: dict, device: str) -> dict:
+    prompts = torch.tensor(work["prompts"], device=device)
+    new = max(work["caps"])
+
+    def call():
+        model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, temperature=1.0, top_k=0,
+                       top_p=1.0, max_new_tokens=new, min_new_tokens=new, pad_token_id=0)
+
+    with torch.inference_mode():
+        model.generate(prompts[:8], attention_mask=torch.ones_like(prompts[:8]), do_sample=True, max_new_tokens=8, pad_token_id=0)
+        seconds = timed(call, device)
+    tokens = len(work["prompts"]) * new
+    return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds)
+
+
+def run_vllm(config, works: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    directory = Path(tempfile.mkdtemp())
+    config.save_pretrained(directory)
+    llm = LLM(model=str(directory), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+              gpu_memory_utilization=0.5, max_num_seqs=256, max_model_len=1024, seed=0)
+    out = {}
+    for name, work in works.items():
+        requests = [TokensPrompt(prompt_token_ids=p) for p in work["prompts"]]
+        params = [SamplingParams(n=work["n"], temperature=1.0, max_tokens=c, min_tokens=c, ignore_eos=True,
+                                 detokenize=False, logprobs=0) for c in work["caps"]]
+        llm.generate(requests, params, use_tqdm=False)  # warm-up
+        result = []
+        seconds = timed(lambda: result.append(llm.generate(requests, params, use_tqdm=False)), "cuda")
+        got = sum(len(c.token_ids) for r in result[0] for c in r.outputs)
+        assert got == generated(work), (got, generated(work))
+        out[name] = dict(seconds=seconds, tokens=got, tokens_per_s=got / seconds)
+    del llm
+    gc.collect()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(SHAPES))
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--prompts", type=int, default=256)
+    parser.add_argument("--max-new", type=int, default=256)
+    parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument("--variants", default="graphs", help="comma list of: compiled, graphs, eager, plain")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    model = build_model(args.shape, args.device)
+    config = model.config
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    works = workloads(args.max_new, args.prompts, config.vocab_size)
+    results: dict = {"shape": args.shape, "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+                     "roofline_tokens_per_s": {k: roofline(config, w, param_bytes) for k, w in works.items()}}
+    variants = {
+        "graphs": dict(fast_path="on", cuda_graphs=True, max_batch_size=args.prompts),
+        "compiled": dict(fast_path="on", cuda_graphs=True, compile=True, max_batch_size=args.prompts),
+        "eager": dict(fast_path="on", cuda_graphs=False, max_batch_size=args.prompts),
+        "plain": dict(fast_path="off", max_batch_size=args.prompts),
+    }
+    for variant in args.variants.split(","):
+        results[f"rlcore-{variant}"] = run_rlcore(model, works, args.device, variants[variant])
+        print(variant, json.dumps(results[f"rlcore-{variant}"]), flush=True)
+    if not args.no_transformers:
+        results["transformers"] = {"fixed": run_transformers(model, works["fixed"], args.device)}
+        print("transformers", json.dumps(results["transformers"]), flush=True)
+    del model
+    gc.collect()
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    if not args.no_vllm:
+        try:
+            results["vllm"] = run_vllm(config, works)
+        except ImportError as error:
+            print(f"vLLM not importable ({error}); skipped", file=sys.stderr)
+
+    print(f"\n{'workload':10} {'engine':18} {'tokens/s':>10} {'x transformers':>15} {'x vLLM':>8} {'of roofline':>12}")
+    for name in works:
+        for engine in [k for k in results if k.startswith("rlcore-") or k in ("transformers", "vllm")]:
+            row = results[engine].get(name)
+            if not row:
+                continue
+            tps = row["tokens_per_s"]
+            vs_hf = tps / results["transformers"]["fixed"]["tokens_per_s"] if "transformers" in results and name == "fixed" else None
+            vs_vllm = tps / results["vllm"][name]["tokens_per_s"] if "vllm" in results else None
+            fraction = tps / results["roofline_tokens_per_s"][name]
+            print(f"{name:10} {engine:18} {tps:10.0f} {vs_hf if vs_hf else float('nan'):15.2f} "
+                  f"{vs_vllm if vs_vllm else float('nan'):8.2f} {fraction:12.1%}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

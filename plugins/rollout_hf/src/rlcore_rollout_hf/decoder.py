@@ -1,0 +1,174 @@
+"""A decode-shaped forward pass over a slot KV cache, for Llama-family transformers models.
+
+Why not the model's own forward with a transformers cache: a decode step must touch only the new
+token's cache entry and attend with one query per sequence, each sequence at its own position,
+with fixed tensor shapes so that the step can be captured in a CUDA graph. transformers' static
+cache rewrites the whole cache tensor every step (measured on an H200: about 64% of a decode
+step's GPU time) and its mask logic runs on the host. So this module re-runs the decoder layer
+recipe -- pre-norm attention and MLP with residuals -- by calling the model's OWN submodules
+(projections, norms, MLP, rotary embedding and its ``apply_rotary_pos_emb``): peft adapters,
+rotary scaling variants and the actor's current parameters all apply as they are, and nothing is
+copied. Only the attention over the cache is written here.
+
+Architectures whose layers follow that recipe are listed in :data:`SUPPORTED_MODEL_TYPES`;
+:func:`unsupported_reason` says why any other model must use the plain path.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+# model_type -> the layer recipe is: h += attn(input_layernorm(h)); h += mlp(post_attention_layernorm(h)),
+# with q/k/v/o projections, optional per-head q_norm/k_norm (qwen3), rotary embeddings, no softcapping.
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+
+
+def causal_lm(model: Any) -> Any:
+    """The transformers ``*ForCausalLM`` under a peft wrapper (whose adapters stay injected)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """None when :class:`SlotDecoder` can run ``model``; else a sentence saying why not."""
+    lm = causal_lm(model)
+    config = getattr(lm, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {model_type!r} is not one of {', '.join(sorted(SUPPORTED_MODEL_TYPES))}"
+    inner = getattr(lm, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb") or not hasattr(lm, "lm_head"):
+        return "the model lacks the usual .model.layers / .model.rotary_emb / .lm_head layout"
+    for layer in inner.layers:
+        attn = getattr(layer, "self_attn", None)
+        needed = ("q_proj", "k_proj", "v_proj", "o_proj")
+        if attn is None or not all(hasattr(attn, name) for name in needed):
+            return "a decoder layer lacks self_attn.q_proj/k_proj/v_proj/o_proj"
+        if not all(hasattr(layer, name) for name in ("input_layernorm", "post_attention_layernorm", "mlp")):
+            return "a decoder layer lacks input_layernorm / post_attention_layernorm / mlp"
+        if getattr(attn, "sliding_window", None):
+            return "sliding-window attention layers are not supported"
+    if getattr(config, "attn_logit_softcapping", None) or getattr(config, "final_logit_softcapping", None):
+        return "logit softcapping is not supported"
+    return None
+
+
+class SlotCache:
+    """Per-layer key and value tensors [rows, kv_heads, capacity, head_dim]: one row per sequence
+    being decoded. A row is written at its own position; rows are moved (compacted) as a whole."""
+
+    def __init__(self, layers: int, rows: int, kv_heads: int, capacity: int, head_dim: int, dtype, device):
+        shape = (rows, kv_heads, capacity, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.rows = rows
+        self.capacity = capacity
+
+    def move_rows(self, source: torch.Tensor, count: int) -> None:
+        """Rows ``source`` [count] become rows 0..count-1 (the others keep stale contents)."""
+        for tensor in (*self.keys, *self.values):
+            tensor[:count] = tensor[source]
+
+    def copy_rows(self, source: torch.Tensor, target: torch.Tensor, length: int) -> None:
+        """Positions [0, length) of rows ``source`` are copied into rows ``target``."""
+        for tensor in (*self.keys, *self.values):
+            tensor[target, :, :length] = tensor[source, :, :length]
+
+
+class SlotDecoder:
+    """Prefill and decode for one supported model over a :class:`SlotCache`."""
+
+    def __init__(self, model: Any):
+        reason = unsupported_reason(model)
+        if reason:
+            raise ValueError(reason)
+        self.lm = causal_lm(model)
+        self.inner = self.lm.model
+        self.layers = list(self.inner.layers)
+        config = self.lm.config
+        attn = self.layers[0].self_attn
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(attn, "head_dim", None) or config.hidden_size // self.heads
+        self.groups = self.heads // self.kv_heads
+        self.scaling = float(getattr(attn, "scaling", self.head_dim**-0.5))
+        self.apply_rope: Callable = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        self.embed = self.lm.get_input_embeddings()
+
+    def parameters_signature(self) -> tuple[int, ...]:
+        """Storage addresses of every parameter: a captured graph is valid while these stay put
+        (an optimizer updates in place; an FSDP gather allocates anew)."""
+        return tuple(p.data_ptr() for p in self.lm.parameters())
+
+    def new_cache(self, rows: int, capacity: int) -> SlotCache:
+        weight = self.embed.weight
+        return SlotCache(len(self.layers), rows, self.kv_heads, capacity, self.head_dim, weight.dtype, weight.device)
+
+    def _qkv(self, attn: Any, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[B, T, hidden] -> q [B, heads, T, D], k and v [B, kv_heads, T, D], rotary applied."""
+        batch, length = x.shape[:2]
+        q = attn.q_proj(x).view(batch, length, self.heads, self.head_dim)
+        k = attn.k_proj(x).view(batch, length, self.kv_heads, self.head_dim)
+        v = attn.v_proj(x).view(batch, length, self.kv_heads, self.head_dim)
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = self.apply_rope(q, k, cos, sin)
+        return q, k, v
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm.lm_head(self.inner.norm(hidden))
+
+    def prefill(self, cache: SlotCache, input_ids: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Run right-padded prompts ``input_ids`` [n, T] (true ``lengths`` [n]) into cache ``rows``
+        [n]; return each prompt's next-token logits [n, vocab]. Causal attention makes the padding
+        after a prompt invisible to it; the cache entries written for padding are overwritten by
+        decoding before any query can see them."""
+        count, width = input_ids.shape
+        positions = torch.arange(width, device=input_ids.device).expand(count, width)
+        hidden = self.embed(input_ids)
+        cos, sin = self.inner.rotary_emb(hidden, positions)
+        for index, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            residual = hidden
+            q, k, v = self._qkv(attn, layer.input_layernorm(hidden), cos, sin)
+            cache.keys[index][rows, :, :width] = k
+            cache.values[index][rows, :, :width] = v
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling, enable_gqa=self.groups > 1)
+            hidden = residual + attn.o_proj(out.transpose(1, 2).reshape(count, width, -1))
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        last = hidden[torch.arange(count, device=hidden.device), lengths - 1]
+        return self._logits(last)
+
+    def decode(self, cache: SlotCache, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One token for each of the first B rows (``tokens``, ``positions`` [B]) -> logits [B, vocab].
+
+        Shapes depend only on B and the cache capacity, and nothing reads back to the host, so the
+        call can be captured in a CUDA graph."""
+        batch = tokens.shape[0]
+        capacity = cache.capacity
+        rows = torch.arange(batch, device=tokens.device)
+        hidden = self.embed(tokens[:, None])
+        cos, sin = self.inner.rotary_emb(hidden, positions[:, None])
+        # Keys after a row's own position are stale or empty.
+        hide = torch.arange(capacity, device=tokens.device)[None, :] > positions[:, None]
+        hide = hide[:, None, None, :]  # [B, 1, 1, capacity], broadcast over kv heads and groups
+        for index, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            residual = hidden
+            q, k, v = self._qkv(attn, layer.input_layernorm(hidden), cos, sin)
+            keys, values = cache.keys[index], cache.values[index]
+            keys[rows, :, positions] = k[:, :, 0]
+            values[rows, :, positions] = v[:, :, 0]
+            # Query heads grouped under their kv head: head h uses kv head h // groups.
+            q = q.reshape(batch, self.kv_heads, self.groups, self.head_dim)
+            scores = torch.matmul(q, keys[:batch].transpose(-1, -2)).float() * self.scaling
+            scores = scores.masked_fill(hide, float("-inf"))
+            weights = torch.softmax(scores, dim=-1).to(values.dtype)
+            out = torch.matmul(weights, values[:batch]).reshape(batch, 1, -1)
+            hidden = residual + attn.o_proj(out)
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return self._logits(hidden[:, 0])
