@@ -36,7 +36,12 @@ class ModelTable(Table):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
-    attn_implementation: str | None = None
+    attn_implementation: str | None = Field(
+        None,
+        description="the trainer's attention: a transformers name (sdpa, eager, flash_attention_2, ...) or "
+        "rlcore_varlen (packed rows attended per sequence); default: rlcore_varlen on CUDA in bfloat16/float16, "
+        "transformers' choice elsewhere",
+    )
     lora: LoraTable | None = None
 
 

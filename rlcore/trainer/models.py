@@ -95,9 +95,14 @@ def load_causal_lm(model: ModelTable, device: str, path: str | None = None):
 
     path = path or model.path
     kwargs = _hf_kwargs(model) if path == model.path else {"trust_remote_code": model.trust_remote_code}
-    if model.attn_implementation:
-        kwargs["attn_implementation"] = model.attn_implementation
-        if model.attn_implementation == "rlcore_varlen":
+    attention = model.attn_implementation
+    if attention is None and device.startswith("cuda") and model.dtype in ("bfloat16", "float16"):
+        # Packed rows attended per sequence by the flash varlen kernel: measured 1.9x faster
+        # actor updates than SDPA's dense block-diagonal mask at 0.5B (docs/performance.md).
+        attention = "rlcore_varlen"
+    if attention:
+        kwargs["attn_implementation"] = attention
+        if attention == "rlcore_varlen":
             from rlcore.trainer.attention import register
 
             register()

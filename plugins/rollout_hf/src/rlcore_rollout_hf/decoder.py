@@ -22,6 +22,10 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+# Norm classes that are exactly ``weight * rms_normalise(x)``: run as one fused F.rms_norm call
+# instead of the module's seven element-wise kernels.
+_PLAIN_RMS_NORMS = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"})
+
 # model_type -> the layer recipe is: h += attn(input_layernorm(h)); h += mlp(post_attention_layernorm(h)),
 # with q/k/v/o projections, optional per-head q_norm/k_norm (qwen3), rotary embeddings, no softcapping.
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
@@ -107,6 +111,12 @@ class SlotDecoder:
         weight = self.embed.weight
         return SlotCache(len(self.layers), rows, self.kv_heads, capacity, self.head_dim, weight.dtype, weight.device)
 
+    @staticmethod
+    def _norm(module: Any, x: torch.Tensor) -> torch.Tensor:
+        if type(module).__name__ in _PLAIN_RMS_NORMS:
+            return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
+        return module(x)
+
     def _qkv(self, attn: Any, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[B, T, hidden] -> q [B, heads, T, D], k and v [B, kv_heads, T, D], rotary applied."""
         batch, length = x.shape[:2]
@@ -114,13 +124,13 @@ class SlotDecoder:
         k = attn.k_proj(x).view(batch, length, self.kv_heads, self.head_dim)
         v = attn.v_proj(x).view(batch, length, self.kv_heads, self.head_dim)
         if hasattr(attn, "q_norm"):
-            q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = self._norm(attn.q_norm, q), self._norm(attn.k_norm, k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = self.apply_rope(q, k, cos, sin)
         return q, k, v
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm.lm_head(self.inner.norm(hidden))
+        return self.lm.lm_head(self._norm(self.inner.norm, hidden))
 
     def prefill(self, cache: SlotCache, input_ids: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Run right-padded prompts ``input_ids`` [n, T] (true ``lengths`` [n]) into cache ``rows``
@@ -134,12 +144,12 @@ class SlotDecoder:
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
             residual = hidden
-            q, k, v = self._qkv(attn, layer.input_layernorm(hidden), cos, sin)
+            q, k, v = self._qkv(attn, self._norm(layer.input_layernorm, hidden), cos, sin)
             cache.keys[index][rows, :, :width] = k
             cache.values[index][rows, :, :width] = v
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling, enable_gqa=self.groups > 1)
             hidden = residual + attn.o_proj(out.transpose(1, 2).reshape(count, width, -1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = hidden + layer.mlp(self._norm(layer.post_attention_layernorm, hidden))
         last = hidden[torch.arange(count, device=hidden.device), lengths - 1]
         return self._logits(last)
 
@@ -153,22 +163,20 @@ class SlotDecoder:
         rows = torch.arange(batch, device=tokens.device)
         hidden = self.embed(tokens[:, None])
         cos, sin = self.inner.rotary_emb(hidden, positions[:, None])
-        # Keys after a row's own position are stale or empty.
-        hide = torch.arange(capacity, device=tokens.device)[None, :] > positions[:, None]
-        hide = hide[:, None, None, :]  # [B, 1, 1, capacity], broadcast over kv heads and groups
+        # A row sees the keys up to its own position; those after it are stale or empty.
+        visible = torch.arange(capacity, device=tokens.device)[None, :] <= positions[:, None]
+        visible = visible[:, None, None, :]  # [B, 1, 1, capacity], broadcast over kv heads and groups
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
             residual = hidden
-            q, k, v = self._qkv(attn, layer.input_layernorm(hidden), cos, sin)
+            q, k, v = self._qkv(attn, self._norm(layer.input_layernorm, hidden), cos, sin)
             keys, values = cache.keys[index], cache.values[index]
             keys[rows, :, positions] = k[:, :, 0]
             values[rows, :, positions] = v[:, :, 0]
-            # Query heads grouped under their kv head: head h uses kv head h // groups.
+            # The query heads of one kv head (head h uses kv head h // groups) go in as that kv
+            # head's "query positions": one attention call, no repeated keys.
             q = q.reshape(batch, self.kv_heads, self.groups, self.head_dim)
-            scores = torch.matmul(q, keys[:batch].transpose(-1, -2)).float() * self.scaling
-            scores = scores.masked_fill(hide, float("-inf"))
-            weights = torch.softmax(scores, dim=-1).to(values.dtype)
-            out = torch.matmul(weights, values[:batch]).reshape(batch, 1, -1)
-            hidden = residual + attn.o_proj(out)
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            out = F.scaled_dot_product_attention(q, keys[:batch], values[:batch], attn_mask=visible, scale=self.scaling)
+            hidden = residual + attn.o_proj(out.reshape(batch, 1, -1))
+            hidden = hidden + layer.mlp(self._norm(layer.post_attention_layernorm, hidden))
         return self._logits(hidden[:, 0])

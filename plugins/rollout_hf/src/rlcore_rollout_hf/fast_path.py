@@ -106,9 +106,13 @@ class FastGenerator:
         self.use_graphs = cuda_graphs and device.type == "cuda"
         self.sync_every = sync_every
         self.workspace: Workspace | None = None
-        # torch.compile fuses the step's many small element-wise kernels (norms, rotary, softmax,
-        # sampling); batch and cache sizes are dynamic, so one compilation serves every bucket.
-        self._step_fn = torch.compile(self._step, dynamic=True) if compile else self._step
+        # torch.compile fuses the step's many small element-wise kernels (rotary, sampling, the
+        # MLP's activation). Shapes are static: each batch bucket compiles once (dynamic shapes
+        # failed in inductor's code generation with torch 2.11).
+        self._step_fn = self._step
+        if compile:
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            self._step_fn = torch.compile(self._step, dynamic=False)
 
     def release(self) -> None:
         """Free the cache and the graphs (engine sleep)."""
@@ -165,6 +169,20 @@ class FastGenerator:
         still = active & ~torch.isin(chosen, stop) & (ws.lengths[:batch] < ws.limits[:batch])
         ws.active[:batch] = still
 
+    def _warm_up(self, args: tuple) -> None:
+        """Run one step; a compiled step that fails to compile falls back to the eager one."""
+        if self._step_fn is self._step:
+            self._step(*args)
+            return
+        try:
+            self._step_fn(*args)
+        except Exception as error:  # noqa: BLE001 -- any compiler failure; the eager step is equivalent
+            from loguru import logger
+
+            logger.warning(f"hf engine: torch.compile of the decode step failed, running it uncompiled: {error}")
+            self._step_fn = self._step
+            self._step(*args)
+
     def _runner(self, ws: Workspace, batch: int, params: SamplingParams, stop_ids: frozenset[int]):
         key = (batch, params.temperature, params.top_k, params.top_p, tuple(sorted(stop_ids)))
         stop = ws.keep_alive.get(key[4])
@@ -183,7 +201,7 @@ class FastGenerator:
             side = torch.cuda.Stream(device=self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
-                self._step_fn(*args)
+                self._warm_up(args)
             torch.cuda.current_stream(self.device).wait_stream(side)
             for tensor, value in zip(ws.small_state(), saved):
                 tensor.copy_(value)
