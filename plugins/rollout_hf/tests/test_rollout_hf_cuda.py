@@ -59,3 +59,24 @@ def test_bfloat16_engine_passes_the_kit_at_a_bfloat16_tolerance():
     engine = build(HFEngineOptions(), BuildContext(actor=actor, device="cuda"))
     results = check_rollout_engine(engine, vocab_size=VOCAB, reference_model=actor, logprob_atol=0.05, greedy_margin=0.05)
     assert set(results.values()) - {"skipped: no tokenizer given"} == {"passed"}, results
+
+
+def test_cuda_graph_fast_path_equals_the_plain_path_under_refills_and_caps():
+    actor = tiny_llama().cuda()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, VOCAB, (int(n),), generator=g).tolist() for n in torch.randint(1, 60, (40,), generator=g)]
+    caps = torch.randint(1, 40, (40,), generator=g).tolist()
+    params = SamplingParams(n=3, temperature=0.0, max_new_tokens=40, stop_token_ids=[7, 11])
+    results = {}
+    for name, options in {"plain": dict(fast_path="off"), "graphs": dict(max_batch_size=32, sync_every=5)}.items():
+        engine = build(HFEngineOptions(**options), BuildContext(actor=actor, device="cuda"))
+        assert (engine.fast is not None) == (name == "graphs")
+        results[name] = [(c.token_ids, c.finish_reason) for group in engine.generate(prompts, params, caps) for c in group]
+        if engine.fast is not None:
+            assert engine.fast.use_graphs and engine.fast.workspace.graphs  # graphs were captured and replayed
+    assert results["graphs"] == results["plain"]
+    sampled = SamplingParams(n=4, temperature=1.0, max_new_tokens=40, seed=5)
+    engine = build(HFEngineOptions(max_batch_size=32), BuildContext(actor=actor, device="cuda"))
+    first = engine.generate(prompts, sampled, caps)
+    assert [[c.token_ids for c in g] for g in first] == [[c.token_ids for c in g] for g in engine.generate(prompts, sampled, caps)]
+    assert [len(c.token_ids) for group in first for c in group] == [cap for cap in caps for _ in range(4)]

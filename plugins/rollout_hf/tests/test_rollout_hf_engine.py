@@ -1,5 +1,5 @@
 """The hf engine's sampling against transformers itself: greedy, log-probs, prefill sharing,
-batching, stops, seeds."""
+batching, stops, seeds -- on the plain path and on the fast path."""
 
 from __future__ import annotations
 
@@ -12,8 +12,19 @@ from rlcore_rollout_hf.engine import HFRolloutEngine
 from rlcore_rollout_hf.options import HFEngineOptions
 
 
+# Every test here runs on both paths: the plain one (the model's forward with a DynamicCache) and
+# the fast one (slot cache, continuous batching; CUDA graphs only on CUDA).
+ENGINE_DEFAULTS: dict = {}
+
+
+@pytest.fixture(autouse=True, params=["off", "on"], ids=["plain", "fast"])
+def fast_path(request, monkeypatch):
+    monkeypatch.setitem(ENGINE_DEFAULTS, "fast_path", request.param)
+    return request.param
+
+
 def engine_for(model, tokenizer=None, **options):
-    return HFRolloutEngine(model, tokenizer=tokenizer, options=HFEngineOptions(**options))
+    return HFRolloutEngine(model, tokenizer=tokenizer, options=HFEngineOptions(**{**ENGINE_DEFAULTS, **options}))
 
 
 def hf_greedy(model, prompt, max_new_tokens):
@@ -201,7 +212,7 @@ def test_training_flags_are_restored_exactly(tiny, chat_prompts):
     tiny.model.layers[0].eval()  # a frozen part the trainer keeps in eval
     engine = engine_for(tiny)
     seen = []
-    hook = tiny.model.layers[1].register_forward_hook(lambda m, i, o: seen.append(m.training))
+    hook = tiny.model.layers[1].mlp.register_forward_hook(lambda m, i, o: seen.append(m.training))
     engine.generate(chat_prompts, SamplingParams(temperature=0.0, max_new_tokens=3))
     hook.remove()
     assert seen and not any(seen)  # eval during generation

@@ -55,6 +55,10 @@ def unsupported_reason(model: Any) -> str | None:
             return "a decoder layer lacks input_layernorm / post_attention_layernorm / mlp"
         if getattr(attn, "sliding_window", None):
             return "sliding-window attention layers are not supported"
+    window = getattr(config, "sliding_window", None)
+    windowed = model_type == "mistral" or getattr(config, "use_sliding_window", False)
+    if window and (windowed or "sliding_attention" in (getattr(config, "layer_types", None) or ())):
+        return f"sliding-window attention (sliding_window = {window}) is not supported"
     if getattr(config, "attn_logit_softcapping", None) or getattr(config, "final_logit_softcapping", None):
         return "logit softcapping is not supported"
     return None

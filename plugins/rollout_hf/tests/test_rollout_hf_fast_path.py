@@ -1,0 +1,151 @@
+"""The fast path (slot cache, continuous batching) against the plain path: the same greedy tokens
+and log-probs for every supported architecture, under refills, compaction and per-prompt caps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from rlcore.errors import UsageError
+from rlcore.interfaces import SamplingParams
+from rlcore.testing.engines import check_rollout_engine
+from rlcore_rollout_hf.decoder import unsupported_reason
+from rlcore_rollout_hf.engine import HFRolloutEngine
+from rlcore_rollout_hf.options import HFEngineOptions
+
+VOCAB = 512
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128, bos_token_id=1, eos_token_id=2)
+ARCHITECTURES = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {}),  # q/k/v biases
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 24}),  # q/k norms, wide heads
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, {"sliding_window": None}),
+}
+
+
+def build(kind: str, seed: int = 0):
+    config_class, model_class, extra = ARCHITECTURES[kind]
+    torch.manual_seed(seed)
+    return model_class(config_class(**COMMON, **extra)).eval()
+
+
+def prompts(count: int = 5, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, VOCAB, (int(n),), generator=g).tolist() for n in torch.randint(1, 40, (count,), generator=g)]
+
+
+def run(model, items, params, caps=None, **options):
+    engine = HFRolloutEngine(model, options=HFEngineOptions(**options))
+    return engine.generate(items, params, max_new_tokens=caps)
+
+
+def flat(out):
+    return [(c.token_ids, c.finish_reason) for group in out for c in group]
+
+
+def largest_logprob_gap(a, b) -> float:
+    return max(abs(x - y) for g, h in zip(a, b) for c, d in zip(g, h) for x, y in zip(c.logprobs, d.logprobs))
+
+
+@pytest.mark.parametrize("kind", sorted(ARCHITECTURES))
+@pytest.mark.parametrize(
+    "options",
+    [dict(), dict(max_batch_size=4, sync_every=3), dict(max_batch_size=7, sync_every=1, share_prefill=False)],
+    ids=["one-batch", "refills", "refills-unshared"],
+)
+def test_greedy_tokens_and_logprobs_equal_the_plain_path(kind, options):
+    model = build(kind)
+    assert unsupported_reason(model) is None
+    items = prompts()
+    # Stopping on a token that greedy decoding really produces exercises the device-side stops.
+    params = SamplingParams(n=3, temperature=0.0, max_new_tokens=24)
+    plain = run(model, items, params, fast_path="off", **options)
+    stop = plain[1][0].token_ids[5]
+    params = params.model_copy(update={"stop_token_ids": [stop]})
+    plain = run(model, items, params, fast_path="off", **options)
+    fast = run(model, items, params, fast_path="on", **options)
+    assert flat(fast) == flat(plain)
+    assert any(reason == "stop" for _, reason in flat(fast)) and any(reason == "length" for _, reason in flat(fast))
+    assert largest_logprob_gap(fast, plain) < 1e-4
+
+
+def test_per_prompt_caps_and_varied_lengths_with_refills():
+    model = build("qwen2")
+    items = prompts(9, seed=1)
+    caps = [1, 5, 24, 2, 13, 7, 24, 3, 11]
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=24, seed=4)
+    fast = run(model, items, params, caps=caps, fast_path="on", max_batch_size=6, sync_every=4)
+    assert [[len(c.token_ids) for c in group] for group in fast] == [[cap, cap] for cap in caps]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=24)
+    assert flat(run(model, items, greedy, caps=caps, fast_path="on", max_batch_size=6)) == flat(
+        run(model, items, greedy, caps=caps, fast_path="off")
+    )
+    with pytest.raises(UsageError, match="max_new_tokens has 2 entries for 9 prompts"):
+        run(model, items, greedy, caps=[3, 4], fast_path="on")
+
+
+def test_sampling_is_reproducible_and_log_probs_match_a_teacher_forced_forward():
+    model = build("llama")
+    items = prompts(3, seed=2)
+    params = SamplingParams(n=2, temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=12, seed=11)
+    first = run(model, items, params, fast_path="on", max_batch_size=4)
+    assert flat(first) == flat(run(model, items, params, fast_path="on", max_batch_size=4))
+    for prompt, group in zip(items, first):
+        for c in group:
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([prompt + c.token_ids])).logits[0, len(prompt) - 1 : -1]
+            want = torch.log_softmax(logits.float() / 0.8, -1).gather(-1, torch.tensor(c.token_ids)[:, None]).squeeze(-1)
+            assert torch.allclose(torch.tensor(c.logprobs), want, atol=1e-4)
+
+
+def test_lora_adapters_apply_on_the_fast_path():
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(build("llama"), peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    for name, tensor in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(tensor, std=0.5)  # adapters that change the output
+    items = prompts(4, seed=3)
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=16)
+    fast = run(model, items, params, fast_path="on")
+    assert flat(fast) == flat(run(model, items, params, fast_path="off"))
+    with model.disable_adapter():
+        assert flat(run(model, items, params, fast_path="on")) != flat(fast)
+
+
+def test_in_place_weight_updates_are_seen_and_sleep_frees_the_workspace():
+    model = build("llama")
+    items = prompts(3, seed=5)
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=10)
+    engine = HFRolloutEngine(model, options=HFEngineOptions(fast_path="on"))
+    before = engine.generate(items, params)
+    assert engine.fast.workspace is not None
+    with torch.no_grad():  # what an optimizer step does: the same tensors, new values
+        for tensor in model.parameters():
+            tensor.add_(torch.randn_like(tensor) * 0.2)
+    after = engine.generate(items, params)
+    assert flat(after) != flat(before)
+    assert flat(after) == flat(run(model, items, params, fast_path="off"))
+    engine.sleep()
+    assert engine.fast.workspace is None
+    engine.wake_up()
+    assert flat(engine.generate(items, params)) == flat(after)
+
+
+def test_unsupported_architectures_fall_back_or_are_refused():
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2)).eval()
+    assert "model_type 'gpt2'" in unsupported_reason(gpt2)
+    with pytest.raises(UsageError, match="fast_path = \"on\" cannot run this model: model_type 'gpt2'"):
+        HFRolloutEngine(gpt2, options=HFEngineOptions(fast_path="on"))
+    assert HFRolloutEngine(gpt2, options=HFEngineOptions(fast_path="auto")).fast is None  # CPU: plain path
+    windowed = transformers.MistralForCausalLM(transformers.MistralConfig(**COMMON, sliding_window=16))
+    assert "sliding-window" in unsupported_reason(windowed)
+
+
+def test_the_fast_path_passes_the_engine_conformance_kit():
+    model = build("qwen2")
+    engine = HFRolloutEngine(model, options=HFEngineOptions(fast_path="on", max_batch_size=8))
+    results = check_rollout_engine(engine, vocab_size=VOCAB, reference_model=model)
+    assert set(results.values()) - {"skipped: no tokenizer given"} == {"passed"}, results
