@@ -3,6 +3,8 @@ and log-probs for every supported architecture, under refills, compaction and pe
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 import transformers
@@ -149,3 +151,15 @@ def test_the_fast_path_passes_the_engine_conformance_kit():
     engine = HFRolloutEngine(model, options=HFEngineOptions(fast_path="on", max_batch_size=8))
     results = check_rollout_engine(engine, vocab_size=VOCAB, reference_model=model)
     assert set(results.values()) - {"skipped: no tokenizer given"} == {"passed"}, results
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on CPU needs a C++ compiler")
+def test_compiled_decode_layers_give_the_same_tokens():
+    model = build("qwen2")
+    items = prompts(3, seed=6)
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=8)
+    engine = HFRolloutEngine(model, options=HFEngineOptions(fast_path="on", compile=True, max_batch_size=8))
+    out = engine.generate(items, params)
+    assert engine.fast.compiled, "compilation failed and the engine fell back to uncompiled layers"
+    assert flat(out) == flat(run(model, items, params, fast_path="off"))

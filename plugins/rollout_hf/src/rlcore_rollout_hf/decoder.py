@@ -105,6 +105,7 @@ class SlotDecoder:
         self.scaling = float(getattr(attn, "scaling", self.head_dim**-0.5))
         self.apply_rope: Callable = sys.modules[type(attn).__module__].apply_rotary_pos_emb
         self.embed = self.lm.get_input_embeddings()
+        self.layer_step = self._layer_step
 
     def parameters_signature(self) -> tuple[int, ...]:
         """Storage addresses of every parameter: a captured graph is valid while these stay put
@@ -171,16 +172,26 @@ class SlotDecoder:
         visible = torch.arange(capacity, device=tokens.device)[None, :] <= positions[:, None]
         visible = visible[:, None, None, :]  # [B, 1, 1, capacity], broadcast over kv heads and groups
         for index, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            residual = hidden
-            q, k, v = self._qkv(attn, self._norm(layer.input_layernorm, hidden), cos, sin)
-            keys, values = cache.keys[index], cache.values[index]
-            keys[rows, :, positions] = k[:, :, 0]
-            values[rows, :, positions] = v[:, :, 0]
-            # The query heads of one kv head (head h uses kv head h // groups) go in as that kv
-            # head's "query positions": one attention call, no repeated keys.
-            q = q.reshape(batch, self.kv_heads, self.groups, self.head_dim)
-            out = F.scaled_dot_product_attention(q, keys[:batch], values[:batch], attn_mask=visible, scale=self.scaling)
-            hidden = residual + attn.o_proj(out.reshape(batch, 1, -1))
-            hidden = hidden + layer.mlp(self._norm(layer.post_attention_layernorm, hidden))
+            hidden = self.layer_step(layer, hidden, cos, sin, cache.keys[index], cache.values[index], rows, positions, visible)
         return self._logits(hidden[:, 0])
+
+    def _layer_step(self, layer, hidden, cos, sin, keys, values, rows, positions, visible) -> torch.Tensor:
+        """One decoder layer for one new token per row; writes that token's key and value."""
+        batch = hidden.shape[0]
+        attn = layer.self_attn
+        residual = hidden
+        q, k, v = self._qkv(attn, self._norm(layer.input_layernorm, hidden), cos, sin)
+        keys[rows, :, positions] = k[:, :, 0]
+        values[rows, :, positions] = v[:, :, 0]
+        # The query heads of one kv head (head h uses kv head h // groups) go in as that kv
+        # head's "query positions": one attention call, no repeated keys.
+        q = q.reshape(batch, self.kv_heads, self.groups, self.head_dim)
+        out = F.scaled_dot_product_attention(q, keys[:batch], values[:batch], attn_mask=visible, scale=self.scaling)
+        hidden = residual + attn.o_proj(out.reshape(batch, 1, -1))
+        return hidden + layer.mlp(self._norm(layer.post_attention_layernorm, hidden))
+
+    def compile_layers(self, enabled: bool) -> None:
+        """torch.compile the per-layer decode step: it fuses the norms, rotary embedding and
+        activation into a few kernels. Every layer shares one compiled graph per batch size (the
+        layers' parameters are graph inputs, not constants), so compiling costs one layer's worth."""
+        self.layer_step = torch.compile(self._layer_step, dynamic=False) if enabled else self._layer_step

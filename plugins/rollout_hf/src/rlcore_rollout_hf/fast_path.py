@@ -106,13 +106,11 @@ class FastGenerator:
         self.use_graphs = cuda_graphs and device.type == "cuda"
         self.sync_every = sync_every
         self.workspace: Workspace | None = None
-        # torch.compile fuses the step's many small element-wise kernels (rotary, sampling, the
-        # MLP's activation). Shapes are static: each batch bucket compiles once (dynamic shapes
-        # failed in inductor's code generation with torch 2.11).
-        self._step_fn = self._step
+        self.compiled = False
         if compile:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            self._step_fn = torch.compile(self._step, dynamic=False)
+            decoder.compile_layers(True)
+            self.compiled = True
 
     def release(self) -> None:
         """Free the cache and the graphs (engine sleep)."""
@@ -169,18 +167,20 @@ class FastGenerator:
         still = active & ~torch.isin(chosen, stop) & (ws.lengths[:batch] < ws.limits[:batch])
         ws.active[:batch] = still
 
-    def _warm_up(self, args: tuple) -> None:
-        """Run one step; a compiled step that fails to compile falls back to the eager one."""
-        if self._step_fn is self._step:
+    def _safe_step(self, args: tuple) -> None:
+        """Run one step; if the compiled layers fail to compile, fall back to uncompiled ones (a
+        compilation fails before its layer writes anything, so the step is simply run again)."""
+        if not self.compiled:
             self._step(*args)
             return
         try:
-            self._step_fn(*args)
-        except Exception as error:  # noqa: BLE001 -- any compiler failure; the eager step is equivalent
+            self._step(*args)
+        except Exception as error:  # noqa: BLE001 -- any compiler failure; the eager layers are equivalent
             from loguru import logger
 
-            logger.warning(f"hf engine: torch.compile of the decode step failed, running it uncompiled: {error}")
-            self._step_fn = self._step
+            logger.warning(f"hf engine: torch.compile of the decode layers failed, running them uncompiled: {error}")
+            self.decoder.compile_layers(False)
+            self.compiled = False
             self._step(*args)
 
     def _runner(self, ws: Workspace, batch: int, params: SamplingParams, stop_ids: frozenset[int]):
@@ -191,7 +191,7 @@ class FastGenerator:
             ws.keep_alive[key[4]] = stop
         args = (ws, batch, params.temperature, params.top_k, params.top_p, stop)
         if not self.use_graphs:
-            return lambda: self._step_fn(*args)
+            return lambda: self._safe_step(args)
         graph = ws.graphs.get(key)
         if graph is None:
             # A warm-up step initialises lazily created library state; it really runs, so the
@@ -201,13 +201,13 @@ class FastGenerator:
             side = torch.cuda.Stream(device=self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
-                self._warm_up(args)
+                self._safe_step(args)
             torch.cuda.current_stream(self.device).wait_stream(side)
             for tensor, value in zip(ws.small_state(), saved):
                 tensor.copy_(value)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=ws.pool):
-                self._step_fn(*args)
+                self._step(*args)
             ws.graphs[key] = graph
         return graph.replay
 
