@@ -79,6 +79,19 @@ def log(*a) -> None:
     print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
 
 
+def guarded(fn):
+    """A comparison that raises is recorded as a failed check, and the run goes on."""
+
+    def wrapper(res: "Results", name: str, *args, **kwargs) -> bool:
+        try:
+            return fn(res, name, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001
+            return res.check(name, False, error=f"{type(exc).__name__}: {exc}"[:800], traceback=traceback.format_exc()[-1500:])
+
+    wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
+    return wrapper
+
+
 # ---------------------------------------------------------------------- comparisons (pure)
 
 
@@ -271,6 +284,7 @@ def tokens(results) -> list[list[int]]:
     return [r[0].token_ids for r in results]
 
 
+@guarded
 def compare_greedy(res: Results, name: str, got, refs: Refs, target: str, old: str | None = None, old_tokens=None) -> bool:
     """``got`` against transformers' greedy output of ``target`` (bf16; fp32 reported), and, with
     ``old``/``old_tokens``, different from what the previous weights produced."""
@@ -287,6 +301,7 @@ def compare_greedy(res: Results, name: str, got, refs: Refs, target: str, old: s
     return res.check(name, ok, **info)
 
 
+@guarded
 def compare_sampled_logprobs(res: Results, name: str, groups, refs: Refs, target: str, prompts) -> bool:
     """vLLM's log-probs of its sampled tokens (temperature 1) against transformers' (fp32) on the
     same tokens."""
@@ -340,6 +355,7 @@ def vllm_teacher_forced(engine, prompts, responses, lora_request=None) -> tuple[
     return lps, top
 
 
+@guarded
 def compare_teacher_forced(res: Results, name: str, engine, refs: Refs, target: str, lora_request=None) -> bool:
     responses = refs.greedy(target)
     got, top = vllm_teacher_forced(engine, refs.prompts, responses, lora_request)
@@ -349,6 +365,7 @@ def compare_teacher_forced(res: Results, name: str, engine, refs: Refs, target: 
     return res.check(name, s["mean_abs_diff"] < LOGPROB_MEAN_MAX and s["vllm_argmax_on_reference_path"] >= GREEDY_MIN, **s)
 
 
+@guarded
 def compare_read_back(res: Results, name: str, engine, target: dict, previous: dict | None) -> bool:
     t = time.time()
     cmp = compare_params(read_back(engine), target, previous)
@@ -410,12 +427,13 @@ def colocated(res: Results, refs: Refs) -> None:
     conformance(res, "colocated", engine, refs.model["A", "bf16"], prompts)
 
     # LoRA adapters on A: only adapter tensors travel.
-    for i, name in enumerate(("lora1", "lora2")):
+    prev = out_a
+    for name in ("lora1", "lora2"):
         engine.update_weights(refs.adapter(name), lora=refs.lora_spec())
         got = tokens(engine.generate(prompts, greedy_params(new)))
-        compare_greedy(res, f"colocated_{name}_greedy_matches_peft", got, refs, name, old_tokens=out_a if i == 0 else lora_prev)
+        compare_greedy(res, f"colocated_{name}_greedy_matches_peft", got, refs, name, old_tokens=prev)
         compare_teacher_forced(res, f"colocated_{name}_teacher_forced_logprobs", engine, refs, name, engine._lora_request)
-        lora_prev = got
+        prev = got
     compare_read_back(res, "colocated_base_unchanged_with_lora", engine, refs.state["A"], None)
     try:
         engine.update_weights([("model.layers.0.nonexistent.weight", torch.zeros(3, device="cuda"))])
@@ -464,7 +482,7 @@ def server(res: Results, refs: Refs, url: str, proc: subprocess.Popen, sync_dir:
 
     new, prompts = refs.new_tokens, refs.prompts
     t = time.time()
-    while time.time() - t < 300:
+    while time.time() - t < 240:
         if proc.poll() is not None:
             raise RuntimeError(f"vllm serve exited with {proc.returncode}; see {log_path}")
         try:
@@ -480,7 +498,7 @@ def server(res: Results, refs: Refs, url: str, proc: subprocess.Popen, sync_dir:
     except Exception as exc:  # noqa: BLE001
         res.check("server_unreachable_is_clear", "http://127.0.0.1:9" in str(exc), message=str(exc)[:300])
     engine = build(VLLMOptions(mode="server", servers=[url], weight_sync_dir=sync_dir, server_sleep=True, sleep_level=1,
-                               lora_rank=refs.lora["rank"]), None)
+                               lora_rank=refs.lora["rank"], request_timeout_s=60), None)
     base = tokens(engine.generate(prompts, greedy_params(new)))
     compare_greedy(res, "server_A_greedy_matches_transformers", base, refs, "A")
     sampled = engine.generate(prompts[:4], SamplingParams(n=3, temperature=1.0, max_new_tokens=new, seed=5))
@@ -630,6 +648,10 @@ def main(out_dir: str, models: str | None = None, deadline_s: float = 420.0, dry
         log("dry run: failed checks:", failed, "errors:", list(res.data["errors"]))
         return 1 if failed or res.data["errors"] else 0
 
+    def stop(signum, frame):  # a timeout's SIGTERM: still stop the children and merge the results
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old_handler = signal.signal(signal.SIGTERM, stop)
     server_log = out / "vllm_serve.log"
     colo_log = out / "colocated.log"
     (out / "results_colocated.json").unlink(missing_ok=True)
@@ -650,10 +672,14 @@ def main(out_dir: str, models: str | None = None, deadline_s: float = 420.0, dry
             pos = follow(colo_log, pos)
             time.sleep(2)
         pos = follow(colo_log, pos)
-        if child.poll() is None:
-            res.data["errors"]["colocated_deadline"] = f"the colocated part was still running after {deadline_s} s and was stopped"
-            os.killpg(child.pid, signal.SIGTERM)
+    except KeyboardInterrupt as exc:
+        res.data["errors"]["interrupted"] = str(exc)
+        res.save()
     finally:
+        if child.poll() is None:
+            res.data["errors"]["colocated_stopped"] = f"the colocated part was still running after {time.time() - t_start:.0f} s and was stopped"
+            res.save()
+            os.killpg(child.pid, signal.SIGTERM)
         for p in (proc, child):
             try:
                 p.wait(20)
@@ -664,6 +690,7 @@ def main(out_dir: str, models: str | None = None, deadline_s: float = 420.0, dry
             merged["errors"].setdefault("colocated", f"the colocated part wrote no results; see {colo_log}")
         merged["info"]["total_s"] = round(time.time() - t_start, 1)
         (out / "results.json").write_text(json.dumps(merged, indent=1, default=str))
+        signal.signal(signal.SIGTERM, old_handler)
     failed = [k for k, v in merged["checks"].items() if not v["ok"]]
     log(f"{len(merged['checks'])} checks, failed:", failed, "errors:", list(merged["errors"]), f"total {merged['info']['total_s']} s")
     return 1 if failed or merged["errors"].keys() - {"conformance"} else 0

@@ -1,6 +1,8 @@
 """Real vLLM on a GPU (``pytest -m vllm``): colocated and server mode, compared with transformers.
 
-Runs only where vLLM imports and CUDA is present; see the README for the exact command.
+Runs only where vLLM imports and CUDA is present; see the README for the exact command. The
+check models (``scripts/make_check_models.py``) are built on the CPU first when
+``.gpu/check_models`` does not hold them.
 """
 
 from __future__ import annotations

@@ -140,3 +140,28 @@ def test_dry_run_on_the_check_models(tmp_path):
     failed = {k: v for k, v in results["checks"].items() if not v["ok"]}
     assert not failed and not results["errors"], (failed, results["errors"])
     assert code == 0 and len(results["checks"]) >= 15
+
+
+def test_results_are_saved_per_check_and_merged(tmp_path):
+    import json
+
+    colo = gpu_check.Results(tmp_path / "results_colocated.json", "[colocated]")
+    colo.check("colocated_x", True, n=1)
+    main = gpu_check.Results(tmp_path / "results.json", "[main]")
+    main.check("server_y", False)
+    assert json.loads((tmp_path / "results.json").read_text())["checks"]["server_y"]["ok"] is False  # on disk at once
+    # a comparison that raises is a failed check, not the end of the run
+    assert gpu_check.compare_greedy(main, "server_z", [[1]], None, "A") is False
+    assert "AttributeError" in main.data["checks"]["server_z"]["error"]
+    merged = gpu_check.merge(tmp_path, main)
+    assert set(merged["checks"]) == {"colocated_x", "server_y", "server_z"}
+
+
+def test_follow_prints_only_new_colocated_lines(tmp_path, capsys):
+    log = tmp_path / "colocated.log"
+    log.write_text("vllm noise\n[t] [colocated] CHECK a OK\npartial")
+    pos = gpu_check.follow(log, 0)
+    with open(log, "a") as f:
+        f.write(" line [colocated] done\n")
+    gpu_check.follow(log, pos)
+    assert capsys.readouterr().out.splitlines() == ["[t] [colocated] CHECK a OK", "partial line [colocated] done"]
