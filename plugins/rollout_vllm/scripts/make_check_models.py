@@ -248,6 +248,8 @@ def make(out: Path, steps_a: int = 250, steps_b: int = 200, steps_lora: int = 25
         (out / "manifest.failed.json").write_text(json.dumps(manifest, indent=1))
         raise RuntimeError(f"models {bad} did not learn their tasks (see {out / 'manifest.failed.json'}); rerun to retry")
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    for f in out.rglob("*"):  # safetensors files are written 0600; servers may run as another user
+        f.chmod(0o755 if f.is_dir() else 0o644)
     log(f"models written to {out} in {manifest['build_s']} s")
     return manifest
 
