@@ -130,9 +130,15 @@ def test_in_place_weight_updates_are_seen_and_sleep_frees_the_workspace():
     assert flat(after) != flat(before)
     assert flat(after) == flat(run(model, items, params, fast_path="off"))
     engine.sleep()
-    assert engine.fast.workspace is None
+    assert engine.fast.workspace is None  # auto on CPU: released
     engine.wake_up()
     assert flat(engine.generate(items, params)) == flat(after)
+    keeper = HFRolloutEngine(model, options=HFEngineOptions(fast_path="on", release_cache_on_sleep="never"))
+    keeper.generate(items, params)
+    workspace = keeper.fast.workspace
+    keeper.sleep()
+    keeper.wake_up()
+    assert keeper.fast.workspace is workspace and flat(keeper.generate(items, params)) == flat(after)
 
 
 def test_unsupported_architectures_fall_back_or_are_refused():

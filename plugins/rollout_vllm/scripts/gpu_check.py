@@ -460,7 +460,7 @@ def start_server(models: Path, port: int, log_path: Path) -> subprocess.Popen:
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_ALLOW_RUNTIME_LORA_UPDATING="1")
     return subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(models / "A"), "--port", str(port),
-         "--gpu-memory-utilization", "0.15", "--max-model-len", "512", "--dtype", "bfloat16", "--enable-lora",
+         "--gpu-memory-utilization", "0.55", "--max-model-len", "512", "--dtype", "bfloat16", "--enable-lora",
          "--max-lora-rank", str(mcm.LORA_RANK), "--enable-sleep-mode", "--logprobs-mode", "processed_logprobs", "--seed", "0"],
         stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )

@@ -169,7 +169,7 @@ class HFRolloutEngine:
         if self._asleep:
             return
         self._asleep = True
-        if self.fast is not None:
+        if self.fast is not None and self._release_cache_on_sleep():
             self.fast.release()
         gc.collect()
         if self.options.offload_weights and not self.shares_actor and self.device.type != "cpu":
@@ -177,6 +177,15 @@ class HFRolloutEngine:
             self._offloaded = True
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+    def _release_cache_on_sleep(self) -> bool:
+        mode = self.options.release_cache_on_sleep
+        if mode != "auto":
+            return mode == "always"
+        workspace = self.fast.workspace if self.fast is not None else None
+        if workspace is None or self.device.type != "cuda":
+            return True
+        return workspace.nbytes() > 0.05 * torch.cuda.get_device_properties(self.device).total_memory
 
     def wake_up(self) -> None:
         if not self._asleep:

@@ -78,6 +78,10 @@ class Workspace:
     def capacity(self) -> int:
         return self.cache.capacity
 
+    def nbytes(self) -> int:
+        tensors = [*self.cache.keys, *self.cache.values, self.out_tokens, self.out_logprobs]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def small_state(self) -> list[torch.Tensor]:
         return [self.tokens, self.positions, self.lengths, self.active]
 

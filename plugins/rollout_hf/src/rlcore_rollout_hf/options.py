@@ -48,6 +48,11 @@ class HFEngineOptions(Options):
         description="fast path: torch.compile the decode step, fusing its element-wise kernels "
         "(the first generate call compiles; needs a working torch.compile backend)",
     )
+    release_cache_on_sleep: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="fast path: free the slot KV cache and its CUDA graphs on sleep(); auto = only when the "
+        "cache takes more than 5% of the GPU's memory (keeping it saves re-capturing graphs at every step)",
+    )
     sync_every: int = Field(
         16, ge=1, le=1024, description="fast path: decode steps between looks at which sequences finished"
     )
