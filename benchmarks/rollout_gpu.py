@@ -171,9 +171,9 @@ def main() -> int:
     results: dict = {"shape": args.shape, "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
                      "roofline_tokens_per_s": {k: roofline(config, w, param_bytes) for k, w in works.items()}}
     variants = {
-        "graphs": dict(fast_path="on", cuda_graphs=True, max_batch_size=args.prompts),
+        "graphs": dict(fast_path="on", cuda_graphs=True, compile=False, max_batch_size=args.prompts),
         "compiled": dict(fast_path="on", cuda_graphs=True, compile=True, max_batch_size=args.prompts),
-        "eager": dict(fast_path="on", cuda_graphs=False, max_batch_size=args.prompts),
+        "eager": dict(fast_path="on", cuda_graphs=False, compile=False, max_batch_size=args.prompts),
         "plain": dict(fast_path="off", max_batch_size=args.prompts),
     }
     for variant in args.variants.split(","):

@@ -113,7 +113,7 @@ class HFRolloutEngine:
             max_rows=self.options.max_batch_size,
             cuda_graphs=self.options.cuda_graphs,
             sync_every=self.options.sync_every,
-            compile=self.options.compile,
+            compile=self.options.compile is True or (self.options.compile == "auto" and self.device.type == "cuda"),
         )
 
     # ------------------------------------------------------------------ contract

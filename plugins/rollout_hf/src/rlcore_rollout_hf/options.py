@@ -43,10 +43,10 @@ class HFEngineOptions(Options):
         "off = the model's own forward with a DynamicCache",
     )
     cuda_graphs: bool = Field(True, description="capture the fast path's decode step as CUDA graphs (CUDA only)")
-    compile: bool = Field(
-        False,
-        description="fast path: torch.compile the decode step, fusing its element-wise kernels "
-        "(the first generate call compiles; needs a working torch.compile backend)",
+    compile: bool | Literal["auto"] = Field(
+        "auto",
+        description="fast path: torch.compile the per-layer decode step, one compilation per batch bucket "
+        "(auto = on CUDA; falls back to uncompiled layers if the compiler fails)",
     )
     release_cache_on_sleep: Literal["auto", "always", "never"] = Field(
         "auto",
