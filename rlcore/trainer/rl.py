@@ -452,7 +452,8 @@ class RLTrainer:
                     if micro is None:
                         self._dummy_forward(self.policy).backward()
                         continue
-                    lp, ent = token_logprobs(self.policy, micro, temperature, with_entropy=need_entropy)
+                    lp, ent = token_logprobs(self.policy, micro, temperature, with_entropy=need_entropy,
+                                             entropy_grad=algo.entropy_coef > 0)
                     logprobs = micro.scatter(lp, batch.width)
                     entropy = micro.scatter(ent, batch.width)
                     dev = logprobs.device
