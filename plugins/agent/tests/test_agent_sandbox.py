@@ -216,3 +216,17 @@ def test_fallback_without_bwrap_keeps_the_limits():
         assert blocked.error and "connected" not in blocked.text.replace("Error", "")
         own = run(fallback, "import os\nprint(os.getuid())")
         assert int(own.text) >= 1_500_000  # a private uid, not root
+
+
+@pytest.mark.parametrize("isolation", ["none", "auto"])
+def test_output_overflow_never_hangs(isolation):
+    """The output cap stops the run, and the pipes are drained until they close: asyncio's wait()
+    returns only then (unread pipes once left a run waiting forever, about one time in ten)."""
+    flood = PythonTool(PythonToolOptions(isolation=isolation, **LIMITS))
+
+    async def many():
+        for _ in range(12):
+            result = await asyncio.wait_for(flood.execute("t", {"code": "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)"}), 30)
+            assert result.error and "output exceeded" in result.text
+
+    asyncio.run(many())

@@ -311,8 +311,9 @@ class LocalSandbox:
                 sink.extend(chunk[: max(room, 0)])
                 total += len(chunk)
                 if total > limits.max_output_bytes:
+                    # Keep draining (and discarding): a pipe nobody reads is never seen to close,
+                    # and asyncio's proc.wait() returns only once the pipes have closed.
                     overflow.set()
-                    return
 
         async def feed() -> None:
             if proc.stdin is None:
@@ -333,7 +334,10 @@ class LocalSandbox:
         truncated = overflow.is_set()
         if waiter not in done:
             self._kill(proc, uid)
-            await waiter
+            try:
+                await asyncio.wait_for(asyncio.shield(waiter), 10)
+            except asyncio.TimeoutError:  # killed, but not seen to exit: never hang the caller
+                waiter.cancel()
         overflowed.cancel()
         try:
             await asyncio.wait_for(pumps, 5)
