@@ -90,7 +90,6 @@ def load_tokenizer(model: ModelTable):
 
 
 def load_causal_lm(model: ModelTable, device: str, path: str | None = None):
-    import torch
     from transformers import AutoModelForCausalLM
 
     path = path or model.path
