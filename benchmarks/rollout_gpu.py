@@ -44,7 +44,7 @@ PROMPT_TOKENS = 128
 def workloads(max_new: int, prompts: int, vocab: int) -> dict[str, dict]:
     rng = random.Random(0)
     ids = [[rng.randrange(100, vocab - 100) for _ in range(PROMPT_TOKENS)] for _ in range(prompts)]
-    caps = [rng.randint(16, max_new) for _ in range(prompts)]
+    caps = [rng.randint(min(16, max_new), max_new) for _ in range(prompts)]
     return {
         "fixed": dict(prompts=ids, n=1, caps=[max_new] * prompts),
         "fixed-n4": dict(prompts=ids[: prompts // 4], n=4, caps=[max_new] * (prompts // 4)),
