@@ -1,0 +1,40 @@
+"""The GPU benchmarks still run end to end, at a tiny shape on CPU (their figures come from the
+GPU machine; this only keeps the scripts from rotting between GPU sessions)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def test_rollout_benchmark_runs_every_workload(tmp_path):
+    out = tmp_path / "rollout.json"
+    subprocess.run(
+        [sys.executable, "benchmarks/rollout_gpu.py", "--shape", "tiny", "--device", "cpu", "--prompts", "8",
+         "--max-new", "8", "--no-vllm", "--variants", "eager,plain", "--json", str(out)],
+        cwd=ROOT, check=True, capture_output=True, text=True, timeout=600,
+    )
+    results = json.loads(out.read_text())
+    for engine in ("rlcore-eager", "rlcore-plain"):
+        assert set(results[engine]) == {"fixed", "fixed-n4", "varied"}
+        assert results[engine]["fixed"]["tokens"] == 8 * 8
+    assert results["transformers"]["fixed"]["tokens_per_s"] > 0
+
+
+def test_grpo_step_benchmark_runs_rlcore_steps(tmp_path):
+    out = tmp_path / "grpo.json"
+    subprocess.run(
+        [sys.executable, "benchmarks/grpo_step.py", "--shape", "tiny", "--device", "cpu", "--skip-trl", "--steps", "1",
+         "--json", str(out)],
+        cwd=ROOT, check=True, capture_output=True, text=True, timeout=900,
+    )
+    step = json.loads(out.read_text())["rlcore"]
+    assert step["shape"] == "tiny" and step["step_s"] > 0 and step["gen_s"] > 0 and step["update_actor_s"] > 0
+    assert step["response_length"] > 0 and step["training"]
