@@ -195,3 +195,7 @@ class SlotDecoder:
         activation into a few kernels. Every layer shares one compiled graph per batch size (the
         layers' parameters are graph inputs, not constants), so compiling costs one layer's worth."""
         self.layer_step = torch.compile(self._layer_step, dynamic=False) if enabled else self._layer_step
+
+    @property
+    def compiled(self) -> bool:
+        return self.layer_step is not self._layer_step

@@ -66,7 +66,7 @@ class Workspace:
     out_tokens: torch.Tensor  # [rows, columns]
     out_logprobs: torch.Tensor  # [rows, columns] float32
     graphs: dict = field(default_factory=dict)
-    keep_alive: dict = field(default_factory=dict)  # tensors graphs read that are not fields here
+    stop_tensors: dict = field(default_factory=dict)  # stop-id set -> its tensor (see stop_tensor)
     pool: Any = None
     signature: tuple = ()
 
@@ -81,6 +81,13 @@ class Workspace:
     def nbytes(self) -> int:
         tensors = [*self.cache.keys, *self.cache.values, self.out_tokens, self.out_logprobs]
         return sum(t.numel() * t.element_size() for t in tensors)
+
+    def stop_tensor(self, stop_ids: frozenset[int]) -> torch.Tensor:
+        """The stop ids on the device, one tensor per set: a captured graph reads its address."""
+        key = tuple(sorted(stop_ids))
+        if key not in self.stop_tensors:
+            self.stop_tensors[key] = torch.tensor(key, dtype=torch.long, device=self.row_ids.device)
+        return self.stop_tensors[key]
 
     def small_state(self) -> list[torch.Tensor]:
         return [self.tokens, self.positions, self.lengths, self.active]
@@ -110,11 +117,14 @@ class FastGenerator:
         self.use_graphs = cuda_graphs and device.type == "cuda"
         self.sync_every = sync_every
         self.workspace: Workspace | None = None
-        self.compiled = False
         if compile:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             decoder.compile_layers(True)
-            self.compiled = True
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the decode layers run compiled (false again after a compiler failure)."""
+        return self.decoder.compiled
 
     def release(self) -> None:
         """Free the cache and the graphs (engine sleep)."""
@@ -128,7 +138,6 @@ class FastGenerator:
             signature = self.decoder.parameters_signature() if self.use_graphs else ()
             if signature != ws.signature:
                 ws.graphs.clear()
-                ws.keep_alive.clear()
                 ws.signature = signature
             return ws
         if ws is not None:
@@ -184,15 +193,11 @@ class FastGenerator:
 
             logger.warning(f"hf engine: torch.compile of the decode layers failed, running them uncompiled: {error}")
             self.decoder.compile_layers(False)
-            self.compiled = False
             self._step(*args)
 
     def _runner(self, ws: Workspace, batch: int, params: SamplingParams, stop_ids: frozenset[int]):
         key = (batch, params.temperature, params.top_k, params.top_p, tuple(sorted(stop_ids)))
-        stop = ws.keep_alive.get(key[4])
-        if stop is None:
-            stop = torch.tensor(sorted(stop_ids), dtype=torch.long, device=self.device)
-            ws.keep_alive[key[4]] = stop
+        stop = ws.stop_tensor(stop_ids)
         args = (ws, batch, params.temperature, params.top_k, params.top_p, stop)
         if not self.use_graphs:
             return lambda: self._safe_step(args)
@@ -259,7 +264,6 @@ class _Run:
         for index, group in enumerate(groups):
             order.setdefault(group, []).append(index)
         self.pending = deque(order.values())
-        self.stop_tensor = torch.tensor(sorted(stop_ids), dtype=torch.long, device=self.device)
 
     def go(self) -> list[Completion]:
         self._admit()
@@ -390,7 +394,7 @@ class _Run:
         ws.limits[index] = limits
         ws.out_tokens[index, 0] = token
         ws.out_logprobs[index, 0] = logprob.float()
-        ws.active[index] = ~torch.isin(token, self.stop_tensor) & (limits > 1)
+        ws.active[index] = ~torch.isin(token, ws.stop_tensor(self.stop_ids)) & (limits > 1)
         self.row_request.extend(requests)
         self.row_length.extend([1] * len(requests))
         for r in requests:
