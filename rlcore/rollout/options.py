@@ -12,7 +12,7 @@ from collections.abc import Collection, Iterable, Mapping
 from importlib.resources import files
 from typing import Any
 
-from rlcore.errors import did_you_mean
+from rlcore.errors import UsageError, did_you_mean
 
 
 def read_names(package: str, filename: str) -> frozenset[str]:
@@ -63,3 +63,16 @@ def check_mode(mode: str, servers: Collection[str]) -> None:
         raise ValueError("mode = 'server' needs servers = ['http://HOST:PORT', ...]")
     if mode == "colocated" and servers:
         raise ValueError("servers are only used with mode = 'server'")
+
+
+def colocated_model(model: str | None, context: Any, engine: str) -> str:
+    """The model directory an in-process engine loads: ``rollout.model``, else ``[model] path``.
+    Engines that load Hugging Face directories refuse a GGUF file, pointing to the hf engine."""
+    model = model or context.model_path
+    if not model:
+        raise UsageError(f"the {engine} engine needs a model: set [model] path (or rollout.model)")
+    if context.gguf_file:
+        raise UsageError(
+            f"the {engine} engine loads Hugging Face directories; [model] gguf_file is not supported, use the hf engine"
+        )
+    return model

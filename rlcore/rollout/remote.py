@@ -83,6 +83,22 @@ class ServerPool:
         self._busy = dict.fromkeys(self.urls, 0)
         self.down: dict[str, str] = {}  # url -> why it was marked down
 
+    @classmethod
+    def from_options(cls, options: Any, *, engine: str, **extra: Any) -> "ServerPool":
+        """A pool from an engine's server options (``servers``, ``request_timeout_s``,
+        ``connect_timeout_s``, ``max_retries``, ``max_concurrency``, ``api_key``), which every
+        server-mode engine names alike."""
+        return cls(
+            options.servers,
+            engine=engine,
+            timeout_s=options.request_timeout_s,
+            connect_timeout_s=options.connect_timeout_s,
+            max_retries=options.max_retries,
+            max_concurrency=options.max_concurrency,
+            api_key=options.api_key,
+            **extra,
+        )
+
     # ------------------------------------------------------------------ single calls
 
     def request(self, url: str, method: str, path: str, **kwargs: Any) -> httpx.Response:

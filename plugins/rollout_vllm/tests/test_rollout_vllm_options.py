@@ -8,6 +8,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
+from rlcore.errors import UsageError
 from rlcore.interfaces import BuildContext, SamplingParams
 from rlcore_rollout_vllm.names import VERSIONS, names
 from rlcore_rollout_vllm.options import VLLMOptions
@@ -92,3 +93,11 @@ def test_plugin_module_imports_nothing_heavy():
     code = "import sys, rlcore_rollout_vllm.plugin, rlcore_rollout_vllm.options; print('torch' in sys.modules, 'vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
     assert out == "False False"
+
+
+def test_gguf_and_missing_model_are_usage_errors():
+    with pytest.raises(UsageError, match=r"the vllm engine needs a model: set \[model\] path"):
+        engine_kwargs(VLLMOptions(), BuildContext())
+    with pytest.raises(UsageError, match="gguf_file is not supported, use the hf engine"):
+        engine_kwargs(VLLMOptions(), BuildContext(model_path="/m", gguf_file="x.gguf"))
+    assert engine_kwargs(VLLMOptions(model="/own"), BuildContext(model_path="/m"))["model"] == "/own"

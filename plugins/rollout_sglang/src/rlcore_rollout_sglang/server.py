@@ -42,16 +42,7 @@ class SGLangServerEngine:
 
     def __init__(self, options: SGLangOptions, context: BuildContext | None = None):
         self.options = options
-        self.pool = ServerPool(
-            options.servers,
-            engine="SGLang",
-            timeout_s=options.request_timeout_s,
-            connect_timeout_s=options.connect_timeout_s,
-            max_retries=options.max_retries,
-            max_concurrency=options.max_concurrency,
-            api_key=options.api_key,
-            retry_on=(AbortedError,),
-        )
+        self.pool = ServerPool.from_options(options, engine="SGLang", retry_on=(AbortedError,))
         self.pool.check_health()
         self.weight_version = 0
         self.lora_name: str | None = None

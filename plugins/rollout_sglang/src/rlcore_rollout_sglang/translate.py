@@ -25,8 +25,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rlcore.errors import RlcoreError, UsageError
+from rlcore.errors import RlcoreError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
+from rlcore.rollout.options import colocated_model
 from rlcore.rollout.samples import samples_to_request
 from rlcore_rollout_sglang.options import SGLangOptions
 
@@ -41,11 +42,7 @@ class AbortedError(RlcoreError):
 def engine_kwargs(options: SGLangOptions, context: BuildContext | None) -> dict[str, Any]:
     """Keyword arguments of ``sglang.Engine`` (ServerArgs names) for colocated mode."""
     context = context or BuildContext()
-    model = options.model or context.model_path
-    if not model:
-        raise UsageError("the sglang engine needs a model: set [model] path (or rollout.model)")
-    if context.gguf_file:
-        raise UsageError("the sglang engine loads Hugging Face directories; [model] gguf_file is not supported, use the hf engine")
+    model = colocated_model(options.model, context, "sglang")
     kwargs: dict[str, Any] = {
         "model_path": model,
         "skip_tokenizer_init": True,  # token ids in, token ids out: the trainer owns the tokenizer

@@ -31,16 +31,7 @@ class VLLMServerEngine:
 
     def __init__(self, options: VLLMOptions, context: BuildContext | None = None):
         self.options = options
-        self.pool = ServerPool(
-            options.servers,
-            engine="vLLM",
-            timeout_s=options.request_timeout_s,
-            connect_timeout_s=options.connect_timeout_s,
-            max_retries=options.max_retries,
-            max_concurrency=options.max_concurrency,
-            api_key=options.api_key,
-            rejoin=False,
-        )
+        self.pool = ServerPool.from_options(options, engine="vLLM", rejoin=False)
         self.pool.check_health()
         self.model = options.model or self._served_model()
         self.base_model = self.model

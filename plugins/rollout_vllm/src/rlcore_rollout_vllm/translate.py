@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from rlcore.errors import RlcoreError, UsageError
+from rlcore.errors import RlcoreError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
+from rlcore.rollout.options import colocated_model
 from rlcore.rollout.samples import samples_to_request  # vLLM refuses n > 1 with greedy sampling
 from rlcore_rollout_vllm.options import VLLMOptions
 
@@ -27,11 +28,7 @@ def lora_rank(options: VLLMOptions) -> int | None:
 def engine_kwargs(options: VLLMOptions, context: BuildContext | None) -> dict[str, Any]:
     """Keyword arguments of ``vllm.LLM`` for colocated mode."""
     context = context or BuildContext()
-    model = options.model or context.model_path
-    if not model:
-        raise UsageError("the vllm engine needs a model: set [model] path (or rollout.model)")
-    if context.gguf_file:
-        raise UsageError("the vllm engine loads Hugging Face directories; [model] gguf_file is not supported, use the hf engine")
+    model = colocated_model(options.model, context, "vllm")
     kwargs: dict[str, Any] = {
         "model": model,
         "tensor_parallel_size": options.tensor_parallel_size,
