@@ -42,14 +42,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from model_shapes import QWEN2_5_0_5B, QWEN2_5_1_5B  # benchmarks/ is the script directory, so on sys.path
+
 ROOT = Path(__file__).resolve().parent.parent
 PEAK_TFLOPS = {"cuda": 790.0}  # measured dense bf16 matrix products on the H200 (../shared/gpu/README.md)
 
 SHAPES = {
-    "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                 intermediate_size=4864, vocab_size=151936),
-    "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                 intermediate_size=8960, vocab_size=151936),
+    "0.5b": QWEN2_5_0_5B,
+    "1.5b": QWEN2_5_1_5B,
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=128, vocab_size=4096),
 }

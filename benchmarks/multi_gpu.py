@@ -22,8 +22,10 @@ import sys
 import time
 from pathlib import Path
 
+from model_shapes import QWEN2_5_0_5B  # benchmarks/ is the script directory, so on sys.path
+
 SHAPES = {
-    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2),
+    "qwen2.5-0.5b": QWEN2_5_0_5B,
     "small": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
 }
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -41,8 +43,9 @@ def build_model(target: Path, tokenizer_dir: Path, shape: str, dtype: str) -> No
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = Qwen2Config(vocab_size=len(tokenizer), tie_word_embeddings=True, max_position_embeddings=4096,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **SHAPES[shape])
+    shape_kwargs = {**SHAPES[shape], "vocab_size": len(tokenizer)}  # the tokenizer's vocabulary, not the shape's
+    config = Qwen2Config(tie_word_embeddings=True, max_position_embeddings=4096,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **shape_kwargs)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
     model.save_pretrained(target)

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import torch
 
+from model_shapes import QWEN2_5_0_5B, QWEN2_5_1_5B  # benchmarks/ is the script directory, so on sys.path
+
 SHAPES = {
-    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                         num_key_value_heads=2, vocab_size=151936),
-    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                         num_key_value_heads=2, vocab_size=151936),
+    "qwen2.5-0.5b": QWEN2_5_0_5B,
+    "qwen2.5-1.5b": QWEN2_5_1_5B,
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1000),
 }
