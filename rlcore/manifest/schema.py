@@ -42,6 +42,11 @@ class ModelTable(Table):
         "rlcore_varlen (packed rows attended per sequence); default: rlcore_varlen on CUDA in bfloat16/float16, "
         "transformers' choice elsewhere",
     )
+    compile: bool | Literal["auto"] = Field(
+        "auto",
+        description="torch.compile the trainer's decoder layers and log-prob head (fused element-wise work); "
+        "auto = on CUDA with one rank; a compiler failure falls back to uncompiled code",
+    )
     lora: LoraTable | None = None
 
 

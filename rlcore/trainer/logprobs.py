@@ -13,6 +13,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rlcore.trainer.batch import MicroBatch
+from rlcore.trainer.compiling import kernel, packed_forward
 
 CHUNK_TOKENS = 1024
 
@@ -22,6 +23,7 @@ def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, bias, targets: torch
 
 
 def _from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    """Through autograd (the entropy can carry a gradient)."""
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
@@ -34,27 +36,49 @@ def _from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float
     return logp, entropy
 
 
+@kernel
+def _logit_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    """(log-prob of the target, entropy, log-sum-exp), float32 [N] each, from logits [N, V].
+    Compiled, this is one fused pass over the chunk's logits in their own dtype."""
+    x = logits.float()
+    if temperature != 1.0:
+        x = x / temperature
+    lse = torch.logsumexp(x, dim=-1)
+    logp = x.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    if with_entropy:
+        entropy = lse - (torch.exp(x - lse.unsqueeze(-1)) * x).sum(-1)
+    else:
+        entropy = torch.zeros_like(logp)
+    return logp, entropy, lse
+
+
+@kernel
+def _logits_grad(logits: torch.Tensor, lse: torch.Tensor, targets: torch.Tensor, grad_logp: torch.Tensor, temperature: float):
+    """d loss / d logits = (onehot(target) - softmax(logits / T)) * grad / T, in the logits' dtype.
+    Compiled, this is one element-wise kernel: the logits read once, the gradient written once."""
+    x = logits.float()
+    if temperature != 1.0:
+        x = x / temperature
+    probs = torch.exp(x - lse.unsqueeze(-1))
+    hit = torch.arange(x.shape[-1], device=x.device) == targets.unsqueeze(-1)
+    scale = grad_logp.unsqueeze(-1) / temperature
+    return ((hit.to(x.dtype) - probs) * scale).to(logits.dtype)
+
+
 class _HeadLogprobs(torch.autograd.Function):
     """lm_head, log-softmax and target gather for one chunk, with a hand-written backward.
 
     Why: through autograd (checkpointed), a chunk's float32 [tokens x vocab] logits are written
     and read a dozen times between the recomputed forward and the backward of log_softmax and
     gather. Here the forward keeps only the log-sum-exp per token, and the backward rebuilds the
-    logits once and turns them in place into ``(onehot - softmax) * grad``. The entropy returned
-    is a metric (no gradient); a loss with an entropy term takes the autograd path."""
+    logits once and turns them into ``(onehot - softmax) * grad`` (:func:`_logits_grad`). The
+    entropy returned is a metric (no gradient); a loss with an entropy term takes the autograd
+    path."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature: float, with_entropy: bool):
-        logits = torch.nn.functional.linear(hidden, weight, bias).float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        lse = torch.logsumexp(logits, dim=-1)
-        logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-        if with_entropy:
-            probs = torch.exp(logits - lse.unsqueeze(-1))
-            entropy = lse - torch.linalg.vecdot(probs, logits)
-        else:
-            entropy = torch.zeros_like(logp)
+        logits = torch.nn.functional.linear(hidden, weight, bias)
+        logp, entropy, lse = _logit_stats(logits, targets, temperature, with_entropy)
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.temperature = temperature
         ctx.mark_non_differentiable(entropy)
@@ -63,16 +87,8 @@ class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
-        temperature = ctx.temperature
-        grad = torch.nn.functional.linear(hidden, weight, bias).float()
-        if temperature != 1.0:
-            grad.div_(temperature)
-        # d logp / d logits = onehot(target) - softmax(logits), times the incoming gradient.
-        grad.sub_(lse.unsqueeze(-1)).exp_().mul_(-grad_logp.unsqueeze(-1))
-        grad.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))
-        if temperature != 1.0:
-            grad.div_(temperature)
-        grad = grad.to(hidden.dtype)
+        logits = torch.nn.functional.linear(hidden, weight, bias)
+        grad = _logits_grad(logits, lse, targets, grad_logp, ctx.temperature)
         grad_hidden = grad @ weight if ctx.needs_input_grad[0] else None
         grad_weight = grad.t() @ hidden if ctx.needs_input_grad[1] else None
         grad_bias = grad.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
@@ -130,7 +146,8 @@ def _logprobs(model, input_ids, position_ids, select, targets, temperature, with
     if decoder is None:
         logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[0]
         return _from_logits(logits[select], targets, temperature, with_entropy)
-    hidden = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state[0]
+    with packed_forward():
+        hidden = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state[0]
     hidden = hidden[select]
     grad = torch.is_grad_enabled()
     outs_lp, outs_ent = [], []
@@ -142,7 +159,7 @@ def _logprobs(model, input_ids, position_ids, select, targets, temperature, with
         elif grad:
             lp, ent = checkpoint(_head_chunk, h, head.weight, head.bias, t, temperature, with_entropy, use_reentrant=False)
         else:
-            lp, ent = _head_chunk(h, head.weight, head.bias, t, temperature, with_entropy)
+            lp, ent, _ = _logit_stats(torch.nn.functional.linear(h, head.weight, head.bias), t, temperature, with_entropy)
         outs_lp.append(lp)
         outs_ent.append(ent)
     if not outs_lp:

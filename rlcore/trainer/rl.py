@@ -27,7 +27,7 @@ from rlcore.interfaces import (
     Trajectory,
 )
 from rlcore.manifest.loader import ResolvedManifest
-from rlcore.trainer import models
+from rlcore.trainer import compiling, models
 from rlcore.trainer.batch import MicroBatch, RolloutBatch, build_batch, mask_totals, pack, token_weights
 from rlcore.trainer.checkpoint import Checkpointer, load_actor_weights
 from rlcore.trainer.data_cursor import DataCursor
@@ -109,6 +109,10 @@ class RLTrainer:
         self.actor = models.prepare_actor(actor, self.model_cfg)
         if checkpoint is not None:
             load_actor_weights(self.actor, checkpoint)
+        if compiling.wanted(self.model_cfg.compile, self.device, self.dist.world):
+            compiling.enable_kernels()
+            layers = compiling.compile_decoder_layers(self.actor)
+            logger.info("torch.compile: {} decoder layers and the log-prob head ([model] compile)", layers)
         self.policy = TokenLogprobs(self.actor)
         if self.dist.enabled:
             fsdp_wrap(self.policy, self._dummy_forward)

@@ -15,6 +15,7 @@ from rlcore.testing.engines import check_rollout_engine
 from rlcore_rollout_hf.decoder import unsupported_reason
 from rlcore_rollout_hf.engine import HFRolloutEngine
 from rlcore_rollout_hf.options import HFEngineOptions
+from rlcore_rollout_hf.sampling import sample_with_uniform
 
 VOCAB = 512
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -169,3 +170,10 @@ def test_compiled_decode_layers_give_the_same_tokens():
     out = engine.generate(items, params)
     assert engine.fast.compiled, "compilation failed and the engine fell back to uncompiled layers"
     assert flat(out) == flat(run(model, items, params, fast_path="off"))
+    # Sampling runs compiled too: the same seed draws the same tokens as the uncompiled fast path.
+    sampled = SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=3)
+    compiled_out = engine.generate(items, sampled)
+    eager_out = run(model, items, sampled, fast_path="on", max_batch_size=8)
+    assert engine.fast.sample is not sample_with_uniform
+    assert flat(compiled_out) == flat(eager_out)
+    assert largest_logprob_gap(compiled_out, eager_out) < 1e-4

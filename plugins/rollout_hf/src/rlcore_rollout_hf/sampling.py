@@ -17,6 +17,12 @@ from __future__ import annotations
 import torch
 
 
+# The inverse CDF is found in two levels: first the block of this many tokens, then the token in
+# it. A cumulative sum over a whole 152k vocabulary is a slow scan on a GPU (0.3 ms of a 3 ms
+# decode step at batch 256 on an H200); block sums are one reduction, and the scan runs over
+# [B, blocks] and one [B, block] slice.
+CDF_BLOCK = 1024
+
 # Without top-k, a nucleus on CPU is first looked for among this many most likely tokens: a full
 # sort of a 49k vocabulary costs far more than a forward pass there.
 CPU_NUCLEUS_CANDIDATES = 1024
@@ -87,10 +93,29 @@ def sample_with_uniform(
         ids = None
         if 0 < top_k < scaled.shape[-1] or top_p < 1.0:
             weights, ids = _candidates(weights, top_k, top_p)
-        cdf = weights.cumsum(dim=-1)
-        u = uniform.to(cdf.dtype)[:, None]
-        tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
-        tokens = tokens.clamp_(max=cdf.shape[-1] - 1)  # u * total rounding up to total
+        tokens = _inverse_cdf(weights, uniform)
         tokens = (tokens if ids is None else ids.gather(-1, tokens)).squeeze(-1)
     logprobs = (scaled.gather(-1, tokens[:, None]) - log_norm).squeeze(-1)
     return tokens, logprobs
+
+
+def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """For each row of unnormalised probabilities ``weights`` [B, N], the first index whose
+    cumulative weight exceeds ``uniform * total`` -> [B, 1] (the same choice as a search in
+    ``weights.cumsum(-1)``, up to float rounding)."""
+    rows, size = weights.shape
+    block = min(CDF_BLOCK, size)
+    full = size // block
+    sums = weights[:, : full * block].reshape(rows, full, block).sum(-1)
+    if full * block < size:
+        sums = torch.cat([sums, weights[:, full * block :].sum(-1, keepdim=True)], dim=-1)
+    cdf = sums.cumsum(-1)
+    target = uniform.to(cdf.dtype)[:, None] * cdf[:, -1:]
+    chosen = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)  # [B, 1]
+    before = torch.where(chosen > 0, cdf.gather(-1, (chosen - 1).clamp_(min=0)), torch.zeros_like(target))
+    index = chosen * block + torch.arange(block, device=weights.device)[None, :]  # [B, block]
+    inside = index < size
+    values = weights.gather(-1, index.clamp(max=size - 1)) * inside
+    offset = torch.searchsorted(values.cumsum(-1) + before, target, right=True)
+    last = inside.sum(-1, keepdim=True) - 1  # u * total rounding up to the block's end
+    return chosen * block + torch.minimum(offset, last)
