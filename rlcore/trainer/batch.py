@@ -83,21 +83,34 @@ class MicroBatch:
 
 
 def pack(batch: RolloutBatch, rows: Sequence[int], token_budget: int, device: str | torch.device = "cpu") -> list[MicroBatch]:
-    """First-fit-decreasing packing of ``rows`` into micro-batches of at most ``token_budget``
-    tokens (a longer sequence gets a micro-batch of its own)."""
+    """Pack ``rows`` into as few micro-batches of at most ``token_budget`` tokens as
+    first-fit-decreasing finds (a longer sequence gets a micro-batch of its own), with the load
+    spread evenly over them: 256 sequences of 384 tokens in 32K-token micro-batches become four
+    of 64, not three of 85 and one of a single sequence, whose tiny forward leaves the GPU idle."""
     lengths = {r: len(batch.prompt_ids[r]) + len(batch.response_ids[r]) for r in rows}
-    bins: list[list[int]] = []
-    loads: list[int] = []
-    for r in sorted(rows, key=lambda r: -lengths[r]):
-        for i, load in enumerate(loads):
-            if load + lengths[r] <= token_budget:
-                bins[i].append(r)
-                loads[i] += lengths[r]
-                break
+    order = sorted(rows, key=lambda r: -lengths[r])
+    first_fit = _bins(order, lengths, token_budget, count=0, least_loaded=False)
+    balanced = _bins(order, lengths, token_budget, count=len(first_fit), least_loaded=True)
+    bins = balanced if len(balanced) <= len(first_fit) else first_fit
+    return [_micro(batch, sorted(b), device) for b in bins if b]
+
+
+def _bins(order: list[int], lengths: dict[int, int], budget: int, count: int, least_loaded: bool) -> list[list[int]]:
+    """Place each row (longest first) into the first bin it fits, or the least loaded one; a row
+    that fits none opens a new bin. ``count`` empty bins exist from the start."""
+    bins: list[list[int]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for r in order:
+        fits = [i for i, load in enumerate(loads) if load + lengths[r] <= budget or not bins[i]]
+        if fits:
+            i = min(fits, key=lambda i: loads[i]) if least_loaded else fits[0]
         else:
-            bins.append([r])
-            loads.append(lengths[r])
-    return [_micro(batch, sorted(b), device) for b in bins]
+            bins.append([])
+            loads.append(0)
+            i = len(bins) - 1
+        bins[i].append(r)
+        loads[i] += lengths[r]
+    return bins
 
 
 def _micro(batch: RolloutBatch, rows: list[int], device) -> MicroBatch:

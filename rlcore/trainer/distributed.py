@@ -174,12 +174,15 @@ def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float, ranks:
     if not grads:
         return 0.0
     local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
-    squares = torch.stack([g.detach().float().pow(2).sum() for g in local]).sum()
+    # One fused kernel per device and dtype (float32 accumulation) rather than three per tensor.
+    norms = torch._foreach_norm([g.detach() for g in local], 2, dtype=torch.float32)
+    squares = torch.stack([n.to(norms[0].device) for n in norms]).pow(2).sum()
     if ranks.enabled and any(hasattr(g, "to_local") for g in grads):
         dist.all_reduce(squares)
     norm = squares.sqrt()
     scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-    for g in local:
-        g.mul_(scale.to(g.device, g.dtype))
+    for device_dtype in {(g.device, g.dtype) for g in local}:
+        group = [g for g in local if (g.device, g.dtype) == device_dtype]
+        torch._foreach_mul_(group, scale.to(*device_dtype))
     return float(norm)
 

@@ -451,7 +451,9 @@ class RLTrainer:
                 totals = (self.dist.sum(tokens), self.dist.sum(sequences))
                 weights_all = token_weights(mask_rows, algo.loss_agg_mode, totals)
                 row_pos = {r: i for i, r in enumerate(rows)}
-                acc: dict[str, float] = defaultdict(float)
+                # Metrics stay on the device until the mini-batch ends: a read-back per micro-batch
+                # would stall the GPU between its forward and backward passes.
+                acc: dict[str, Any] = defaultdict(float)
                 for micro in self._micro_batches(batch, rows):
                     if micro is None:
                         self._dummy_forward(self.policy).backward()
@@ -480,8 +482,8 @@ class RLTrainer:
 
                         pg = pg * tis_weights(old, rollout_lp, algo.tis_cap, mask)
                     loss = (pg * weights).sum()
-                    share = float(weights.sum().item())  # this micro-batch's share of the mini-batch
-                    acc["actor/pg_loss"] += loss.item()
+                    share = weights.sum()  # this micro-batch's share of the mini-batch
+                    acc["actor/pg_loss"] += loss.detach()
                     if algo.entropy_coef > 0:
                         loss = loss - algo.entropy_coef * (entropy * weights).sum()
                     if self.reference is not None and not algo.kl_in_reward:
@@ -490,14 +492,14 @@ class RLTrainer:
                         ref = batch.tensors["ref_logprobs"][sel].to(dev)
                         kl_loss = (kl_penalty(logprobs, ref, algo.kl_estimator) * weights).sum()
                         loss = loss + algo.kl_coef * kl_loss
-                        acc["actor/kl_loss"] += kl_loss.item()
+                        acc["actor/kl_loss"] += kl_loss.detach()
                     # FSDP averages gradients over ranks; the weights already normalise globally.
                     (loss * self.dist.world).backward()
-                    acc["actor/entropy"] += float((entropy.detach() * weights).sum())
+                    acc["actor/entropy"] += (entropy.detach() * weights).sum()
                     for key, value in pg_metrics.items():
-                        acc[f"actor/{key}"] += float(value) * share
+                        acc[f"actor/{key}"] += (value.detach() if torch.is_tensor(value) else value) * share
                 # Each rank holds its share of every sum; add them up.
-                acc = {k: self.dist.sum(v) for k, v in sorted(acc.items())}
+                acc = {k: self.dist.sum(float(v)) for k, v in sorted(acc.items())}
                 grad_norm = clip_grad_norm(self.trainable, t.grad_clip, self.dist)
                 if math.isfinite(grad_norm):
                     optimizer.step()
