@@ -76,8 +76,15 @@ def _dispatch(layer: torch.nn.Module, eager: Callable, *args: Any, **kwargs: Any
 
 def compile_decoder_layers(lm: torch.nn.Module) -> int:
     """Route every decoder layer's forward through the shared compiled function during packed
-    forwards; return how many layers were wrapped (0 when the model has no ``layers`` list)."""
+    forwards; return how many layers were wrapped (0 when the model has no ``layers`` list).
+
+    Not under gradient checkpointing: a checkpointed layer is recomputed during the backward
+    pass, outside the packed forward, so it would run compiled once and eagerly the second time,
+    and torch refuses the differing saved tensors (a CheckpointError on an H200)."""
     base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+    if getattr(base, "is_gradient_checkpointing", False):
+        logger.info("torch.compile: decoder layers left uncompiled under gradient checkpointing")
+        return 0
     decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
     layers = getattr(decoder, "layers", None)
     if layers is None:
