@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 from loguru import logger
 
-_state = {"packed": False, "layers_failed": False}
+_state = {"packed": False, "layers_failed": False, "kernels": False}
 
 
 def wanted(setting: bool | str, device: str, world: int) -> bool:
@@ -46,10 +46,6 @@ def packed_forward():
         yield
     finally:
         _state["packed"] = previous
-
-
-def in_packed_forward() -> bool:
-    return _state["packed"]
 
 
 def _layer_forward(layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -108,7 +104,7 @@ class _Kernel:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any) -> Any:
-        if not _kernels_enabled[0] or self.failed:
+        if not _state["kernels"] or self.failed:
             return self.fn(*args)
         if self.compiled is None:
             self.compiled = torch.compile(self.fn, dynamic=True)
@@ -121,13 +117,11 @@ class _Kernel:
             return self.fn(*args)
 
 
-_kernels_enabled = [False]
-
-
 def kernel(fn: Callable) -> _Kernel:
     """Decorator: see :class:`_Kernel`."""
     return _Kernel(fn)
 
 
 def enable_kernels(enabled: bool = True) -> None:
-    _kernels_enabled[0] = enabled
+    """Run every :func:`kernel` compiled from now on (or eagerly again)."""
+    _state["kernels"] = enabled

@@ -109,8 +109,9 @@ class RLTrainer:
         self.actor = models.prepare_actor(actor, self.model_cfg)
         if checkpoint is not None:
             load_actor_weights(self.actor, checkpoint)
-        if compiling.wanted(self.model_cfg.compile, self.device, self.dist.world):
-            compiling.enable_kernels()
+        compile_wanted = compiling.wanted(self.model_cfg.compile, self.device, self.dist.world)
+        compiling.enable_kernels(compile_wanted)
+        if compile_wanted:
             layers = compiling.compile_decoder_layers(self.actor)
             logger.info("torch.compile: {} decoder layers and the log-prob head ([model] compile)", layers)
         self.policy = TokenLogprobs(self.actor)
