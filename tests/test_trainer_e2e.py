@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 
 import pytest
 from trainer_support import read_metrics, train_rows, write_manifest
@@ -80,3 +81,22 @@ def test_lora_with_kl_in_reward_and_export(tmp_path, tiny_model):
 
     exported = AutoModelForCausalLM.from_pretrained(run_dir / "export")
     assert not any("lora" in name for name, _ in exported.named_parameters())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on CPU needs a C++ compiler")
+def test_compiled_trainer_matches_eager_run(tmp_path, tiny_model):
+    """`[model] compile = true` through `rlcore run`: the same rollouts (the engine's layers stay
+    eager) and, up to float rounding, the same first update as an uncompiled run."""
+    rows = {}
+    for setting in (False, True):
+        (tmp_path / str(setting)).mkdir()
+        manifest = write_manifest(tmp_path / str(setting), tiny_model, model={"compile": setting}, trainer={"steps": 1})
+        assert _run(manifest, tmp_path / str(setting) / "run") == 0
+        rows[setting] = train_rows(tmp_path / str(setting) / "run")[0]
+    _assert_finite([rows[True]])
+    assert "torch.compile: 2 decoder layers" in (tmp_path / "True" / "run" / "run.log").read_text()
+    assert rows[True]["response_length/mean"] == rows[False]["response_length/mean"]
+    assert rows[True]["critic/score/mean"] == rows[False]["critic/score/mean"]
+    for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
+        assert math.isclose(rows[True][key], rows[False][key], rel_tol=1e-3, abs_tol=1e-5), (key, rows[True][key], rows[False][key])
