@@ -156,6 +156,7 @@ def test_unsupported_architectures_fall_back_or_are_refused():
 def test_the_fast_path_passes_the_engine_conformance_kit():
     model = build("qwen2")
     engine = HFRolloutEngine(model, options=HFEngineOptions(fast_path="on", max_batch_size=8))
+    assert not engine.fast.compiled and engine.fast.sample is sample_with_uniform  # compile = "auto": off on CPU
     results = check_rollout_engine(engine, vocab_size=VOCAB, reference_model=model)
     assert set(results.values()) - {"skipped: no tokenizer given"} == {"passed"}, results
 

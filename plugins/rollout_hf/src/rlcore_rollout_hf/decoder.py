@@ -198,4 +198,4 @@ class SlotDecoder:
 
     @property
     def compiled(self) -> bool:
-        return self.layer_step is not self._layer_step
+        return self.layer_step != self._layer_step  # bound methods: a new object at each access, equal when the same
