@@ -117,18 +117,23 @@ class FastGenerator:
         self.use_graphs = cuda_graphs and device.type == "cuda"
         self.sync_every = sync_every
         self.workspace: Workspace | None = None
-        self.sample = sample_with_uniform
+        self._compiled_sample = None
         if compile:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             decoder.compile_layers(True)
             # Compiled, the float cast, softmax statistics and block sums over the vocabulary are
             # one or two passes over the logits instead of about eight.
-            self.sample = torch.compile(sample_with_uniform, dynamic=False)
+            self._compiled_sample = torch.compile(sample_with_uniform, dynamic=False)
 
     @property
     def compiled(self) -> bool:
-        """Whether the decode layers run compiled (false again after a compiler failure)."""
+        """Whether the decode step runs compiled (false again after a compiler failure)."""
         return self.decoder.compiled
+
+    @property
+    def sample(self):
+        """The sampling step: compiled exactly when the decode layers are."""
+        return self._compiled_sample if self.compiled else sample_with_uniform
 
     def release(self) -> None:
         """Free the cache and the graphs (engine sleep)."""
@@ -197,7 +202,6 @@ class FastGenerator:
 
             logger.warning(f"hf engine: torch.compile of the decode step failed, running it uncompiled: {error}")
             self.decoder.compile_layers(False)
-            self.sample = sample_with_uniform
             self._step(*args)
 
     def _runner(self, ws: Workspace, batch: int, params: SamplingParams, stop_ids: frozenset[int]):
