@@ -7,7 +7,7 @@ factory such as ``rlcore.algorithms.losses:build_ppo_clip`` costs nothing until 
 - :mod:`~rlcore.algorithms.logits`: entropy and log-probabilities from logits.
 - :mod:`~rlcore.algorithms.kl`: per-token KL estimators (k1, k2, k3).
 - :mod:`~rlcore.algorithms.losses`: the PPO clipped surrogate (builtin ``ppo_clip``).
-- :mod:`~rlcore.algorithms.importance`: truncated importance sampling weights.
+- :mod:`~rlcore.algorithms.importance`: the rollout/trainer log-prob gap, measured and corrected.
 - :mod:`~rlcore.algorithms.returns`: per-token discounted returns and group statistics.
 - :mod:`~rlcore.algorithms.value`: the critic model and its clipped value loss.
 """
@@ -32,6 +32,11 @@ _EXPORTS = {
     "build_ppo_clip": "losses",
     "ppo_clip_loss": "losses",
     "tis_weights": "importance",
+    "CORRECTIONS": "importance",
+    "correction_weights": "importance",
+    "mismatch_sums": "importance",
+    "merge_mismatch": "importance",
+    "mismatch_metrics": "importance",
     "credit_masked_rewards": "returns",
     "discounted_returns": "returns",
     "group_stats": "returns",

@@ -27,6 +27,13 @@ def check_resolved(manifest: ResolvedManifest) -> list[str]:
             f"advantage estimator {advantage.component.name!r} compares samples of one prompt, so with "
             f"samples_per_prompt = {core.rollout.samples_per_prompt} every advantage would be zero; use 2 or more",
         )
+    if core.model.dtype != "float32":
+        warnings.append(
+            f"model.dtype = {core.model.dtype!r} stores the trainable weights and optimizer state in {core.model.dtype}: "
+            "an update smaller than half a unit of a weight's precision (about 0.2% of the weight in bfloat16) is "
+            f"lost, which is most updates at RL learning rates (trainer.lr = {core.trainer.lr:g}); keep dtype = "
+            "\"float32\" (compute_dtype = \"auto\" already computes in bfloat16 on CUDA)"
+        )
     if core.algorithm.kl_in_reward and core.algorithm.kl_coef == 0:
         warnings.append("algorithm.kl_in_reward is set but algorithm.kl_coef is 0: no KL penalty is applied")
     if core.data.prompts_per_step % core.algorithm.mini_batches:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Table(BaseModel):
@@ -33,7 +33,17 @@ class ModelTable(Table):
     path: str = Field(..., min_length=1, description="a Hugging Face model directory or hub id (relative to the manifest)")
     gguf_file: str | None = Field(None, description="a GGUF file inside `path` to load the model from")
     tokenizer: str | None = Field(None, description="tokenizer path, when it differs from `path`")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="what the trainable weights and the optimizer state are stored in; keep float32: in bfloat16 "
+        "or float16, updates smaller than half a unit of the weights' precision are lost (most updates at RL "
+        "learning rates)",
+    )
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="what the forward and backward passes (and the rollout engine) compute in; auto = bfloat16 on "
+        "CUDA (mixed precision over float32 master weights), else the storage dtype",
+    )
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
     attn_implementation: str | None = Field(
@@ -48,6 +58,15 @@ class ModelTable(Table):
         "auto = on CUDA with one rank; a compiler failure falls back to uncompiled code",
     )
     lora: LoraTable | None = None
+
+    @model_validator(mode="after")
+    def _compute_not_wider_than_storage(self) -> "ModelTable":
+        if self.compute_dtype == "float32" and self.dtype != "float32":
+            raise ValueError(
+                f"compute_dtype = \"float32\" needs dtype = \"float32\" (weights stored in {self.dtype} cannot be "
+                "computed in float32 without a float32 copy; set dtype = \"float32\")"
+            )
+        return self
 
 
 class DataTable(Table):
@@ -94,7 +113,28 @@ class AlgorithmTable(Table):
     entropy_coef: float = Field(0.0, ge=0.0)
     ppo_epochs: int = Field(1, ge=1)
     mini_batches: int = Field(1, ge=1, description="optimizer steps per rollout batch")
-    tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling cap between rollout and trainer log-probs")
+    rollout_correction: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = Field(
+        "none",
+        description="weigh the policy loss by the trainer/engine importance ratio, per token or per sequence: "
+        "truncate = min(ratio, rollout_is_threshold) (TIS); mask = the ratio inside [rollout_is_threshold_lower, "
+        "rollout_is_threshold], 0 outside (MIS)",
+    )
+    rollout_is_threshold: float = Field(2.0, ge=1.0, description="upper bound of the importance ratio (rollout_correction)")
+    rollout_is_threshold_lower: float | None = Field(
+        None, gt=0.0, le=1.0, description="mask modes: lower bound of the ratio; default 1 / rollout_is_threshold"
+    )
+    tis_cap: float | None = Field(
+        None, gt=0, description="token-level truncated importance sampling cap (as rollout_correction = \"token_truncate\")"
+    )
+
+    @model_validator(mode="after")
+    def _one_correction(self) -> "AlgorithmTable":
+        if self.tis_cap is not None and self.rollout_correction != "none":
+            raise ValueError(
+                f"tis_cap and rollout_correction = {self.rollout_correction!r} both correct the rollout/trainer gap; "
+                "keep one (tis_cap = C is rollout_correction = \"token_truncate\" with rollout_is_threshold = C)"
+            )
+        return self
 
 
 class CriticTable(Table):

@@ -36,17 +36,20 @@ def build_server(manifest_path: str, overrides: list[str] | None = None, model_n
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    from rlcore.trainer.precision import resolve
+
+    compute_dtype = resolve(cfg.model, device).compute  # serving needs no float32 master
     tokenizer = models.load_tokenizer(cfg.model)
     selected = resolved.component("rollout.engine")
     actor = None
     if "actor_model" in selected.component.needs:
-        actor = models.load_causal_lm(cfg.model, device)
+        actor = models.load_causal_lm(cfg.model, device, dtype=compute_dtype)
         actor.eval()
     context = BuildContext(
         manifest=resolved.resolved_dict(),
         model_path=cfg.model.path,
         gguf_file=cfg.model.gguf_file,
-        dtype=cfg.model.dtype,
+        dtype=compute_dtype,
         device=device,
         seed=cfg.run.seed,
         tokenizer=tokenizer,

@@ -105,8 +105,11 @@ def combine_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def fsdp_wrap(model: torch.nn.Module, init_forward) -> torch.nn.Module:
+def fsdp_wrap(model: torch.nn.Module, init_forward, mp_policy=None) -> torch.nn.Module:
     """Shard ``model`` with FSDP2 (each decoder layer, then the root) and initialise it.
+
+    ``mp_policy`` (a ``MixedPrecisionPolicy``) keeps the shards in their stored dtype and gathers
+    them in the compute dtype for the passes (and for a colocated engine's generation).
 
     FSDP initialises lazily on the root's first forward, so ``init_forward(model)`` runs one (a
     generation calling inner modules first would otherwise make a layer its own root). A root
@@ -115,10 +118,11 @@ def fsdp_wrap(model: torch.nn.Module, init_forward) -> torch.nn.Module:
     """
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
+    kwargs = {"mp_policy": mp_policy} if mp_policy is not None else {}
     layers = _decoder_layers(model)
     for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
     with torch.no_grad():
         init_forward(model)
     for module in model.modules():

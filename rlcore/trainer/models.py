@@ -19,12 +19,6 @@ from rlcore.errors import RlcoreError, UsageError
 from rlcore.manifest.schema import ModelTable
 
 
-def torch_dtype(name: str):
-    import torch
-
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
 def _hf_kwargs(model: ModelTable) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"trust_remote_code": model.trust_remote_code}
     if model.gguf_file:
@@ -61,7 +55,7 @@ def materialize_gguf(model: ModelTable) -> ModelTable:
     if not (target / "config.json").exists():
         logger.info("converting {} to a Hugging Face directory (once): {}", source.name, target)
         tokenizer = load_tokenizer(model)
-        lm = load_causal_lm(model.model_copy(update={"dtype": "float32"}), "cpu")
+        lm = load_causal_lm(model, "cpu", dtype="float32")
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         lm.save_pretrained(tmp, safe_serialization=True)
@@ -89,13 +83,19 @@ def load_tokenizer(model: ModelTable):
     return tokenizer
 
 
-def load_causal_lm(model: ModelTable, device: str, path: str | None = None):
+def load_causal_lm(model: ModelTable, device: str, path: str | None = None, *, dtype: str | None = None,
+                   compute_dtype: str | None = None):
+    """Load in ``dtype`` (default ``[model] dtype``) for passes that will run in ``compute_dtype``
+    (default: the same), which picks the default attention."""
     from transformers import AutoModelForCausalLM
 
+    from rlcore.trainer.precision import torch_dtype
+
     path = path or model.path
+    dtype = dtype or model.dtype
     kwargs = _hf_kwargs(model) if path == model.path else {"trust_remote_code": model.trust_remote_code}
     attention = model.attn_implementation
-    if attention is None and device.startswith("cuda") and model.dtype in ("bfloat16", "float16"):
+    if attention is None and device.startswith("cuda") and (compute_dtype or dtype) in ("bfloat16", "float16"):
         # Packed rows attended per sequence by the flash varlen kernel: measured 1.9x faster
         # actor updates than SDPA's dense block-diagonal mask at 0.5B (docs/performance.md).
         attention = "rlcore_varlen"
@@ -106,7 +106,7 @@ def load_causal_lm(model: ModelTable, device: str, path: str | None = None):
 
             register()
     try:
-        lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(model.dtype), **kwargs)
+        lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), **kwargs)
     except Exception as exc:  # noqa: BLE001
         raise _explain_load_error("model", path, exc) from None
     if kwargs.get("gguf_file"):
@@ -157,9 +157,11 @@ class Reference:
                 yield self.actor
 
 
-def build_reference(actor, model: ModelTable, device: str) -> Reference:
+def build_reference(actor, model: ModelTable, device: str, compute_dtype: str) -> Reference:
+    """The frozen copy is loaded in the compute dtype: it is never updated, so it needs no
+    float32 master."""
     if model.lora is not None:
         return Reference(actor)
-    frozen = load_causal_lm(model, device)
+    frozen = load_causal_lm(model, device, dtype=compute_dtype)
     frozen.eval().requires_grad_(False)
     return Reference(actor, frozen)

@@ -26,8 +26,9 @@ from rlcore.interfaces import (
     SamplingParams,
     Trajectory,
 )
+from rlcore.algorithms.importance import correction_weights, merge_mismatch, mismatch_metrics, mismatch_sums, tis_weights
 from rlcore.manifest.loader import ResolvedManifest
-from rlcore.trainer import compiling, models
+from rlcore.trainer import compiling, models, precision
 from rlcore.trainer.batch import MicroBatch, RolloutBatch, build_batch, mask_totals, pack, token_weights
 from rlcore.trainer.checkpoint import Checkpointer, load_actor_weights
 from rlcore.trainer.data_cursor import DataCursor
@@ -104,11 +105,18 @@ class RLTrainer:
 
         logger.info("loading tokenizer and model from {}", cfg.model.path)
         self.model_cfg = models.materialize_gguf(cfg.model)
+        self.precision = precision.resolve(cfg.model, self.device)
+        logger.info("precision: {}", self.precision.describe())
         self.tokenizer = models.load_tokenizer(self.model_cfg)
-        actor = models.load_causal_lm(self.model_cfg, self.device)
+        actor = models.load_causal_lm(self.model_cfg, self.device, compute_dtype=self.precision.compute)
         self.actor = models.prepare_actor(actor, self.model_cfg)
         if checkpoint is not None:
             load_actor_weights(self.actor, checkpoint)
+        # Mixed precision: one process keeps float32 masters beside a compute-dtype module; FSDP2
+        # keeps float32 shards and gathers them in the compute dtype (precision.py).
+        self.masters: dict[str, precision.MasterWeights] = {}
+        if self.precision.mixed and not self.dist.enabled:
+            self.masters["actor"] = precision.MasterWeights(self.actor, precision.torch_dtype(self.precision.compute))
         compile_wanted = compiling.wanted(self.model_cfg.compile, self.device, self.dist.world)
         compiling.enable_kernels(compile_wanted)
         if compile_wanted:
@@ -116,17 +124,17 @@ class RLTrainer:
             logger.info("torch.compile: {} decoder layers and the log-prob head ([model] compile)", layers)
         self.policy = TokenLogprobs(self.actor)
         if self.dist.enabled:
-            fsdp_wrap(self.policy, self._dummy_forward)
-        self.trainable = [p for p in self.actor.parameters() if p.requires_grad]
+            fsdp_wrap(self.policy, self._dummy_forward, precision.fsdp_policy(self.precision))
+        self.trainable = self._trainable("actor", self.actor)
         t = cfg.trainer
-        self.optimizers: dict[str, torch.optim.Optimizer] = {
-            "actor": torch.optim.AdamW(self.trainable, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
-        }
+        self.optimizers: dict[str, torch.optim.Optimizer] = {"actor": _adamw(self.trainable, t.lr, t)}
         self.schedulers: dict[str, Any] = {"actor": _warmup(self.optimizers["actor"], t.warmup_steps)}
         self.modules: dict[str, torch.nn.Module] = {}
 
         algo = cfg.algorithm
-        self.reference = models.build_reference(self.actor, self.model_cfg, self.device) if algo.kl_coef > 0 else None
+        self.reference = (
+            models.build_reference(self.actor, self.model_cfg, self.device, self.precision.compute) if algo.kl_coef > 0 else None
+        )
 
         context = self._context()
         self.estimator = self._build("algorithm.advantage", context)
@@ -149,9 +157,10 @@ class RLTrainer:
         state: dict[str, Any] = {}
         if checkpoint is not None:
             state = self.checkpointer.read_state(checkpoint)
-            self.checkpointer.restore(
-                checkpoint, optimizers=self.optimizers, schedulers=self.schedulers, modules=self.modules, dist=self.dist
-            )
+            with self._stored_weights():
+                self.checkpointer.restore(
+                    checkpoint, optimizers=self.optimizers, schedulers=self.schedulers, modules=self.modules, dist=self.dist
+                )
             self.step = int(state["step"])
             self.cursor.load(state["data"])
             if int(state.get("world_size", 1)) != self.dist.world:
@@ -170,7 +179,7 @@ class RLTrainer:
             run_dir=str(self.run_dir),
             model_path=self.model_cfg.path,
             gguf_file=self.model_cfg.gguf_file,
-            dtype=cfg.model.dtype,
+            dtype=self.precision.compute,
             device=self.device,
             seed=cfg.run.seed,
             tokenizer=self.tokenizer,
@@ -183,19 +192,43 @@ class RLTrainer:
         selected = self.manifest.component(role)
         return selected.component.build(selected.options, context)
 
+    def _trainable(self, role: str, module: torch.nn.Module) -> list[torch.nn.Parameter]:
+        """What the optimizer of ``role`` steps: the float32 masters under mixed precision on one
+        process, else the module's own trainable parameters."""
+        if role in self.masters:
+            return self.masters[role].params
+        return [p for p in module.parameters() if p.requires_grad]
+
+    def _stored_weights(self):
+        """Inside: every module holds its weights as stored (float32 masters under mixed
+        precision), for checkpoints and export."""
+        stack = contextlib.ExitStack()
+        for masters in self.masters.values():
+            stack.enter_context(masters.full_precision())
+        return stack
+
+    def _optimizer_step(self, role: str) -> None:
+        self.optimizers[role].step()
+        if role in self.masters:
+            self.masters[role].publish()
+
     def _setup_critic(self) -> None:
         from rlcore.algorithms.value import CriticModel
 
         cfg, model = self.cfg, self.model_cfg
         self.critic = CriticModel.from_pretrained(
-            model.path, gguf_file=model.gguf_file, torch_dtype=models.torch_dtype(model.dtype)
+            model.path, gguf_file=model.gguf_file, torch_dtype=precision.torch_dtype(self.precision.storage)
         ).to(self.device)
+        if self.precision.mixed and not self.dist.enabled:
+            self.masters["critic"] = precision.MasterWeights(self.critic, precision.torch_dtype(self.precision.compute))
         if self.dist.enabled:
-            fsdp_wrap(self.critic, self._dummy_forward)
+            fsdp_wrap(self.critic, self._dummy_forward, precision.fsdp_policy(self.precision))
         if model.gradient_checkpointing:
             self.critic.gradient_checkpointing_enable()
         self.modules["critic"] = self.critic
-        self.optimizers["critic"] = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic.lr, betas=cfg.trainer.betas)
+        self.critic_params = self._trainable("critic", self.critic)
+        # torch's AdamW default weight decay (0.01), as the critic has always had.
+        self.optimizers["critic"] = _adamw(self.critic_params, cfg.critic.lr, cfg.trainer, weight_decay=0.01)
         self.schedulers["critic"] = _warmup(self.optimizers["critic"], cfg.critic.warmup_steps)
 
     def _load_data(self) -> None:
@@ -312,10 +345,13 @@ class RLTrainer:
             metrics.update(reward_metrics)
             batch = build_batch(trajectories, scores, params.n, group_offset=self.dist.rank * len(prompts))
             self.actor.train()
-            recompute_old = algo.ppo_epochs > 1 or algo.mini_batches > 1 or algo.tis_cap is not None
+            # With one optimizer step per batch, the update's own forward pass runs on the weights
+            # that generated the batch: its detached log-probs are the old ones, at no extra cost.
+            recompute_old = algo.ppo_epochs > 1 or algo.mini_batches > 1
             if recompute_old:
                 with timer("old_log_prob"):
                     batch.tensors["old_logprobs"] = self._logprobs(self.policy, batch, params.temperature)
+                metrics.update(mismatch_metrics(mismatch_sums(batch.tensors["old_logprobs"], batch.rollout_logprobs, batch.response_mask)))
             if self.reference is not None:
                 with timer("ref"), self.reference.policy() as ref:
                     batch.tensors["ref_logprobs"] = self._logprobs(self.policy if ref is self.actor else ref, batch, params.temperature)
@@ -444,6 +480,7 @@ class RLTrainer:
         sums: dict[str, list[float]] = defaultdict(list)
         temperature = _train_temperature(temperature)
         need_entropy = True  # reported as actor/entropy even when it is not in the loss
+        gap = None  # the rollout/trainer log-prob gap, measured on this pass when old log-probs were not recomputed
         for _ in range(algo.ppo_epochs):
             for rows in self._mini_batches(batch):
                 optimizer.zero_grad(set_to_none=True)
@@ -478,12 +515,20 @@ class RLTrainer:
                             rollout_logprobs=rollout_lp,
                         )
                     )
-                    if algo.tis_cap is not None:
-                        from rlcore.algorithms import tis_weights
-
-                        pg = pg * tis_weights(old, rollout_lp, algo.tis_cap, mask)
-                    loss = (pg * weights).sum()
                     share = weights.sum()  # this micro-batch's share of the mini-batch
+                    if not has_old:
+                        gap = merge_mismatch(gap, mismatch_sums(old, rollout_lp, mask))
+                    if algo.tis_cap is not None:
+                        pg = pg * tis_weights(old, rollout_lp, algo.tis_cap, mask)
+                    elif algo.rollout_correction != "none":
+                        lower = algo.rollout_is_threshold_lower or 1.0 / algo.rollout_is_threshold
+                        correction, correction_stats = correction_weights(
+                            old, rollout_lp, mask, algo.rollout_correction, algo.rollout_is_threshold, lower
+                        )
+                        pg = pg * correction
+                        for key, value in correction_stats.items():
+                            acc[key] += value * share
+                    loss = (pg * weights).sum()
                     acc["actor/pg_loss"] += loss.detach()
                     if algo.entropy_coef > 0:
                         loss = loss - algo.entropy_coef * (entropy * weights).sum()
@@ -503,7 +548,7 @@ class RLTrainer:
                 acc = {k: self.dist.sum(float(v)) for k, v in sorted(acc.items())}
                 grad_norm = clip_grad_norm(self.trainable, t.grad_clip, self.dist)
                 if math.isfinite(grad_norm):
-                    optimizer.step()
+                    self._optimizer_step("actor")
                 else:
                     logger.warning("step {}: non-finite gradient norm; the update is skipped", self.step + 1)
                     sums["actor/skipped_updates"].append(1.0)
@@ -511,7 +556,10 @@ class RLTrainer:
                 for key, value in acc.items():
                     sums[key].append(value)
         self.schedulers["actor"].step()
-        return {k: sum(v) / len(v) for k, v in sums.items()}
+        out = {k: sum(v) / len(v) for k, v in sums.items()}
+        if gap is not None:
+            out.update(mismatch_metrics(gap))
+        return out
 
     def _update_critic(self, batch: RolloutBatch) -> dict[str, float]:
         from rlcore.algorithms.value import clipped_value_loss
@@ -542,9 +590,9 @@ class RLTrainer:
                     (loss * share * c.value_coef * self.dist.world).backward()
                     total += float(loss.detach()) * share
                     clip_fracs.append(float(vm.get("critic/vf_clipfrac", 0.0)) * share)
-                grad_norm = clip_grad_norm(list(self.critic.parameters()), self.cfg.trainer.grad_clip, self.dist)
+                grad_norm = clip_grad_norm(self.critic_params, self.cfg.trainer.grad_clip, self.dist)
                 if math.isfinite(grad_norm):
-                    optimizer.step()
+                    self._optimizer_step("critic")
                 sums["critic/vf_loss"].append(self.dist.sum(total))
                 sums["critic/vf_clipfrac"].append(self.dist.sum(sum(clip_fracs)))
                 sums["critic/grad_norm"].append(grad_norm)
@@ -554,18 +602,9 @@ class RLTrainer:
     def _weights_for_engine(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The actor's weights under Hugging Face names (LoRA merged in), produced lazily: an
         engine that shares the actor's parameters never iterates it."""
-        actor = self.actor
-        if hasattr(actor, "merge_adapter") and hasattr(actor, "get_base_model"):
-            actor.merge_adapter()
-            try:
-                for name, tensor in actor.get_base_model().state_dict().items():
-                    if "lora_" in name:
-                        continue
-                    yield name.replace(".base_layer", ""), tensor
-            finally:
-                actor.unmerge_adapter()
-        else:
-            yield from actor.state_dict().items()
+        from rlcore.trainer.lora import merged_state
+
+        yield from merged_state(self.actor)
 
     def _batch_metrics(self, batch: RolloutBatch, trajectories: list[Trajectory]) -> dict[str, float]:
         mask = batch.response_mask
@@ -622,22 +661,24 @@ class RLTrainer:
         return metrics
 
     def save(self) -> Path:
-        return self.checkpointer.save(
-            self.step,
-            actor=self.actor,
-            tokenizer=self.tokenizer,
-            optimizers=self.optimizers,
-            schedulers=self.schedulers,
-            modules=self.modules,
-            state={"data": self.cursor.state(), "world_size": self.dist.world},
-            dist=self.dist,
-        )
+        with self._stored_weights():
+            return self.checkpointer.save(
+                self.step,
+                actor=self.actor,
+                tokenizer=self.tokenizer,
+                optimizers=self.optimizers,
+                schedulers=self.schedulers,
+                modules=self.modules,
+                state={"data": self.cursor.state(), "world_size": self.dist.world},
+                dist=self.dist,
+            )
 
     def export(self, target: Path) -> Path:
         """Write the trained model as a plain Hugging Face directory (LoRA merged)."""
         from rlcore.trainer.export import export_model
 
-        return export_model(self.actor, self.tokenizer, target)
+        with self._stored_weights():
+            return export_model(self.actor, self.tokenizer, target)
 
 
 def _train_temperature(temperature: float) -> float:
@@ -655,6 +696,13 @@ def _eos_ids(tokenizer, model) -> list[int]:
     elif isinstance(eos, (list, tuple)):
         ids.update(int(e) for e in eos)
     return sorted(ids)
+
+
+def _adamw(params: list[torch.nn.Parameter], lr: float, t, weight_decay: float | None = None) -> torch.optim.AdamW:
+    """AdamW, fused into one kernel per step when every parameter is on a CUDA device."""
+    fused = bool(params) and all(p.is_cuda for p in params)
+    return torch.optim.AdamW(params, lr=lr, betas=t.betas, weight_decay=t.weight_decay if weight_decay is None else weight_decay,
+                             fused=fused or None)
 
 
 def _warmup(optimizer, steps: int):
