@@ -1,7 +1,7 @@
-"""One GRPO step, rlcore against TRL's GRPOTrainer, in one process on one device.
+"""One GRPO step, rlcore against TRL's GRPOTrainer, on one device, at equal precision.
 
     python benchmarks/grpo_step.py [--shape 0.5b|1.5b|tiny] [--device cuda|cpu] [--steps 3]
-                                   [--skip-trl] [--json OUT]
+                                   [--precision mixed|float32|bf16] [--trl-vllm] [--skip-trl] [--json OUT]
 
 The workload of issue 7: P prompts x S samples (64 x 4), 128-token prompts, 256-token responses
 forced to full length, one optimizer step, no KL. The model is randomly initialised with a real
@@ -10,10 +10,17 @@ reward is synthetic and dense (the share of even token ids in the response), so 
 files, data sets or downloads are needed. A word-level tokenizer ("t0" ... "tV-1") maps every id
 of the model's vocabulary, so text round-trips to the same ids exactly.
 
+Precision: both sides keep float32 master weights and float32 optimizer state and compute in
+bfloat16 (--precision mixed, rlcore's CUDA default; TRL with bf16=True, which autocasts over
+float32 weights). --precision float32 / --trl-precision fp32 compare float32 compute instead.
+
 Measured, in this order:
-  (a) TRL GRPOTrainer, first step (on_step_begin to on_step_end), float32 weights with TF32
-      matrix products on CUDA (its fastest set-up on the H200; its later steps are not usable on
-      random weights, see ../shared/gpu/README.md). Full-length completions: min_new_tokens.
+  (a) TRL GRPOTrainer without vLLM (transformers generate), first step (on_step_begin to
+      on_step_end): its later steps are not usable on random weights (NaN gradients, then a failed
+      generation; ../shared/gpu/README.md). Full-length completions: min_new_tokens.
+  (a') with --trl-vllm: TRL GRPOTrainer with vLLM colocated (use_vllm=True, vllm_mode="colocate",
+      the set-up its users pick), in a child process of its own (vLLM keeps GPU memory until its
+      process ends): --trl-steps steps, the median after the first. Full length: ignore_eos.
   (b) rlcore's step through RLTrainer.train_step (what `rlcore run` calls each step): the `hf`
       engine, grpo advantages, ppo_clip loss, one optimizer step per rollout batch. The first
       --warmup steps are run and reported but not timed into the mean (CUDA and allocator warm-up).
@@ -45,6 +52,8 @@ from pathlib import Path
 from model_shapes import QWEN2_5_0_5B, QWEN2_5_1_5B  # benchmarks/ is the script directory, so on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
+# --precision -> ([model] dtype, [model] compute_dtype): what is stored, what is computed.
+PRECISIONS = {"mixed": ("float32", "bfloat16"), "float32": ("float32", "float32"), "bf16": ("bfloat16", "bfloat16")}
 PEAK_TFLOPS = {"cuda": 790.0}  # measured dense bf16 matrix products on the H200 (../shared/gpu/README.md)
 
 SHAPES = {
@@ -181,35 +190,46 @@ def run_trl(args, prompts: list[str]) -> dict:
 
     class StepTimer(TrainerCallback):
         def __init__(self):
-            self.begin = self.end = None
+            self.begin, self.times = None, []
 
         def on_step_begin(self, *a, **k):
-            _reset_peak(args.device)
+            _sync(args.device)
             self.begin = time.perf_counter()
 
         def on_step_end(self, *a, **k):
             _sync(args.device)
-            self.end = time.perf_counter()
+            self.times.append(time.perf_counter() - self.begin)
 
     micro = min(args.trl_micro_batch, P * S)
+    bf16 = args.trl_precision == "bf16"
     if (P * S) % micro:
         raise SystemExit(f"--trl-micro-batch {micro} must divide {P * S}")
     out_dir = Path(tempfile.mkdtemp(prefix="trl-", dir=args.out))
+    vllm = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=args.trl_vllm_memory) if args.only == "trl-vllm" else {}
+    if vllm:  # colocated vLLM joins a torch.distributed group of this one process
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     config = GRPOConfig(
         output_dir=str(out_dir),
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=P * S // micro,
         num_generations=S,
         max_completion_length=R,
-        generation_kwargs={"min_new_tokens": R},  # full-length completions (EOS suppressed until R)
+        # Full-length completions: vLLM ignores EOS, transformers suppresses it until R tokens.
+        generation_kwargs={"ignore_eos": True} if vllm else {"min_new_tokens": R},
         temperature=1.0,
         beta=0.0,
         learning_rate=1e-6,
-        max_steps=1,
+        max_steps=args.trl_steps if vllm else 1,
         num_train_epochs=1,
-        bf16=False,
+        bf16=bf16 and cuda,
         gradient_checkpointing=not args.trl_no_gradient_checkpointing,  # TRL's default is on
-        tf32=True if cuda else None,
+        tf32=(not bf16) if cuda else None,
+        **vllm,
         use_cpu=not cuda,
         logging_steps=1,
         save_strategy="no",
@@ -218,15 +238,21 @@ def run_trl(args, prompts: list[str]) -> dict:
         disable_tqdm=True,
     )
     timer = StepTimer()
-    dataset = Dataset.from_dict({"prompt": prompts})
+    dataset = Dataset.from_dict({"prompt": prompts * (args.trl_steps if vllm else 1)})
+    _reset_peak(args.device)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[timer])
     start = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - start
     logs = [row for row in trainer.state.log_history if "loss" in row or "grad_norm" in row]
+    steady = sorted(timer.times[1:]) or timer.times
     result = {
-        "step_s": timer.end - timer.begin,
+        "setup": "vLLM colocated" if vllm else "transformers generate",
+        "precision": "bf16 autocast over float32 weights" if bf16 and cuda else "float32" + ("+TF32" if cuda else ""),
+        "step_times_s": timer.times,
+        # With vLLM: the median step after the first (steady state); without: the first step.
+        "step_s": steady[len(steady) // 2] if vllm else timer.times[0],
         "train_call_s": total,
         "peak_gib": _peak_gib(args.device),
         "micro_batch": micro,
@@ -267,7 +293,9 @@ def write_manifest(args, shape: str, model_dir: Path, tokenizer_dir: Path, work:
     data.write_text("".join(json.dumps({"prompt": p, "ground_truth": "0"}) + "\n" for p in prompts))
     (work / "reward.py").write_text(REWARD)
     engine = "".join(f"{k} = {v}\n" for k, v in (kv.split("=", 1) for kv in args.engine_option))
-    model_extra = f'attn_implementation = "{args.attn}"\n' if args.attn else ""
+    storage, compute = PRECISIONS[args.precision]
+    model_extra = f'dtype = "{storage}"\ncompute_dtype = "{compute}"\n'
+    model_extra += f'attn_implementation = "{args.attn}"\n' if args.attn else ""
     if args.gradient_checkpointing:
         model_extra += "gradient_checkpointing = true\n"
     text = f'''
@@ -278,7 +306,6 @@ device = "{"cuda" if args.device.startswith("cuda") else "cpu"}"
 [model]
 path = "{model_dir}"
 tokenizer = "{tokenizer_dir}"
-dtype = "{args.dtype}"
 {model_extra}
 [data]
 train = "{data}"
@@ -358,6 +385,7 @@ def run_rlcore(args, shape: str, prompts: list[str]) -> dict:
         "update_weights_s": mean("timing_s/update_weights"),
         "other_s": mean("timing_s/step") - sum(mean(k) for k in ("timing_s/gen", "timing_s/reward", "timing_s/update_actor", "timing_s/update_weights")),
         "response_length": mean("response_length/mean"),
+        "logprob_diff": mean("rollout_corr/logprob_diff/mean"),
         "peak_gib": max((m["peak_gib"] for m in timed if m["peak_gib"] is not None), default=None),
         "steps": [{k: v for k, v in m.items() if k.startswith(("timing_s/", "actor/", "peak_gib", "response_length/mean"))} for m in steps],
         "training": training,
@@ -424,25 +452,31 @@ def _fmt(value, spec: str, unit: str = "") -> str:
 
 def report(results: dict, args) -> None:
     P, S, T, R = args.workload
+    storage, compute = PRECISIONS[args.precision]
     print(f"\nGRPO step: {P} prompts x {S} samples, {T}-token prompts, {R}-token responses, one optimizer step, "
-          f"no KL; device {args.device}; rlcore dtype {args.dtype}, options {results['rlcore_options']}")
-    trl = results.get("trl")
+          f"no KL; device {args.device}; rlcore: {storage} weights and optimizer state, {compute} compute; "
+          f"options {results['rlcore_options']}")
     rows = []
-    if trl:
-        what = f"TRL GRPOTrainer, 1st step (fp32{'+TF32' if args.device.startswith('cuda') else ''}, mb {trl['micro_batch']}{', GC' if trl['gradient_checkpointing'] else ''})"
+    peers = [(key, results[key]) for key in ("trl", "trl_vllm") if results.get(key)]
+    for key, trl in peers:
+        which = "median after the 1st" if key == "trl_vllm" else "1st step"
+        what = f"TRL, {trl['setup']}, {which} ({trl['precision']}, mb {trl['micro_batch']}{', GC' if trl['gradient_checkpointing'] else ''})"
         rows.append((what, args.shape, trl["step_s"], None, None, trl["peak_gib"]))
     for key in ("rlcore", "rlcore_1.5b"):
         r = results.get(key)
         if r:
             rows.append((f"rlcore step (mean of {args.steps}, after {args.warmup} warm-up)", r["shape"], r["step_s"],
                          r["gen_s"], r["update_actor_s"], r["peak_gib"]))
-    print(f"{'what':<52} {'shape':>6} {'step s':>8} {'gen s':>8} {'train s':>8} {'peak GiB':>9}")
+    print(f"{'what':<96} {'shape':>6} {'step s':>8} {'gen s':>8} {'train s':>8} {'peak GiB':>9}")
     for what, shape, step, gen, train, peak in rows:
-        print(f"{what:<52} {shape:>6} {_fmt(step, '.3f'):>8} {_fmt(gen, '.3f'):>8} {_fmt(train, '.3f'):>8} {_fmt(peak, '.1f'):>9}")
-    if trl and results.get("rlcore"):
-        ratio = trl["step_s"] / results["rlcore"]["step_s"]
-        results["ratio_trl_over_rlcore"] = ratio
-        print(f"\nTRL / rlcore step time: {ratio:.2f}x (goal: at least 5x)")
+        print(f"{what:<96} {shape:>6} {_fmt(step, '.3f'):>8} {_fmt(gen, '.3f'):>8} {_fmt(train, '.3f'):>8} {_fmt(peak, '.1f'):>9}")
+    goals = {"trl": 5, "trl_vllm": 3}
+    for key, trl in peers:
+        if results.get("rlcore"):
+            ratio = trl["step_s"] / results["rlcore"]["step_s"]
+            results[f"ratio_{key}_over_rlcore"] = ratio
+            print(f"\nTRL ({trl['setup']}) / rlcore step time: {ratio:.2f}x (goal: at least {goals[key]}x); "
+                  f"TRL step times {', '.join(f'{t:.2f}' for t in trl['step_times_s'])} s")
     for key in ("rlcore", "rlcore_1.5b"):
         r = results.get(key)
         if r and r.get("training"):
@@ -454,7 +488,23 @@ def report(results: dict, args) -> None:
         if r:
             print(f"rlcore {r['shape']} step split: gen {r['gen_s']:.3f} s, reward {r['reward_s']:.3f} s, "
                   f"actor update {r['update_actor_s']:.3f} s, weight sync {r['update_weights_s']:.3f} s, "
-                  f"other {r['other_s']:.3f} s; mean response length {r['response_length']:.1f}")
+                  f"other {r['other_s']:.3f} s; mean response length {r['response_length']:.1f}; "
+                  f"rollout/trainer log-prob gap {_fmt(r.get('logprob_diff'), '.4f')} (mean |diff|)")
+
+
+def run_trl_vllm_child(args) -> dict:
+    """TRL with vLLM colocated, in a child process: vLLM holds its GPU memory until its process ends."""
+    import subprocess
+
+    out = args.out / "trl-vllm.json"
+    command = [sys.executable, __file__, "--only", "trl-vllm", "--shape", args.shape, "--device", args.device,
+               "--workload", *map(str, args.workload), "--trl-steps", str(args.trl_steps), "--trl-precision", args.trl_precision,
+               "--trl-micro-batch", str(args.trl_micro_batch), "--trl-vllm-memory", str(args.trl_vllm_memory),
+               "--out", str(args.out), "--json", str(out)]
+    if args.trl_no_gradient_checkpointing:
+        command.append("--trl-no-gradient-checkpointing")
+    subprocess.run(command, check=True)
+    return json.loads(out.read_text())["trl_vllm"]
 
 
 def main() -> None:
@@ -468,7 +518,14 @@ def main() -> None:
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--skip-train-only", action="store_true", help="skip the actor-update-alone measurement")
     parser.add_argument("--workload", type=int, nargs=4, metavar=("PROMPTS", "SAMPLES", "PROMPT_TOKENS", "RESPONSE_TOKENS"))
-    parser.add_argument("--dtype", default=None, choices=["bfloat16", "float32"], help="rlcore's dtype (default: bfloat16 on cuda)")
+    parser.add_argument("--precision", default=None, choices=sorted(PRECISIONS),
+                        help="rlcore: mixed = float32 weights, bf16 compute (default on cuda); float32; bf16 = bf16 weights (no master)")
+    parser.add_argument("--trl-precision", default="bf16", choices=["bf16", "fp32"],
+                        help="TRL: bf16 = bf16=True (autocast over float32 weights, the like of --precision mixed); fp32 = float32 with TF32")
+    parser.add_argument("--trl-vllm", action="store_true", help="also TRL with vLLM colocated (a child process)")
+    parser.add_argument("--trl-steps", type=int, default=6, help="TRL steps with vLLM; the median after the first is reported")
+    parser.add_argument("--trl-vllm-memory", type=float, default=0.3, help="TRL's vllm_gpu_memory_utilization")
+    parser.add_argument("--only", choices=["trl-vllm"], default=None, help=argparse.SUPPRESS)
     parser.add_argument("--attn", default=None, help="[model] attn_implementation for rlcore (default: transformers' choice)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--micro-batch-tokens", type=int, default=4096)
@@ -484,7 +541,7 @@ def main() -> None:
     import torch
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    args.precision = args.precision or ("mixed" if args.device.startswith("cuda") else "float32")
     args.workload = tuple(args.workload or WORKLOADS[args.shape])
     args.out = args.out or Path(tempfile.mkdtemp(prefix="grpo-step-"))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -492,10 +549,20 @@ def main() -> None:
     prompts = prompt_texts(P, T, SHAPES[args.shape]["vocab_size"])
 
     results: dict = {"device": args.device, "workload": dict(prompts=P, samples=S, prompt_tokens=T, response_tokens=R),
-                     "shape": args.shape, "dtype": args.dtype, "torch": torch.__version__,
+                     "shape": args.shape, "precision": args.precision, "trl_precision": args.trl_precision, "torch": torch.__version__,
                      "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
                      "rlcore_options": {"attn_implementation": args.attn, "micro_batch_tokens": args.micro_batch_tokens,
                                         "gradient_checkpointing": args.gradient_checkpointing, "engine": args.engine_option}}
+    if args.only == "trl-vllm":
+        import trl
+
+        results = {"trl_vllm": {**run_trl(args, prompts), "version": trl.__version__}}
+        args.json.write_text(json.dumps(results, indent=2))
+        return
+    if args.trl_vllm:
+        print(f"(a') TRL GRPOTrainer with vLLM colocated, {args.shape} (child process)", flush=True)
+        results["trl_vllm"] = run_trl_vllm_child(args)
+        print(f"  TRL with vLLM: median step {results['trl_vllm']['step_s']:.3f} s", flush=True)
     if not args.skip_trl:
         import trl
 

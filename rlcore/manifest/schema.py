@@ -49,7 +49,7 @@ class ModelTable(Table):
     attn_implementation: str | None = Field(
         None,
         description="the trainer's attention: a transformers name (sdpa, eager, flash_attention_2, ...) or "
-        "rlcore_varlen (packed rows attended per sequence); default: rlcore_varlen on CUDA in bfloat16/float16, "
+        "rlcore_varlen (packed rows attended per sequence); default: rlcore_varlen on CUDA, "
         "transformers' choice elsewhere",
     )
     compile: bool | Literal["auto"] = Field(

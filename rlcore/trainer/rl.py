@@ -108,7 +108,7 @@ class RLTrainer:
         self.precision = precision.resolve(cfg.model, self.device)
         logger.info("precision: {}", self.precision.describe())
         self.tokenizer = models.load_tokenizer(self.model_cfg)
-        actor = models.load_causal_lm(self.model_cfg, self.device, compute_dtype=self.precision.compute)
+        actor = models.load_causal_lm(self.model_cfg, self.device)
         self.actor = models.prepare_actor(actor, self.model_cfg)
         if checkpoint is not None:
             load_actor_weights(self.actor, checkpoint)
