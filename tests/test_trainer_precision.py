@@ -174,7 +174,9 @@ def test_mismatch_metrics_catch_an_engine_left_on_stale_weights(tmp_path, tiny_m
     def run(name: str) -> list[dict]:
         directory = tmp_path / name
         directory.mkdir()
-        manifest = _dense_manifest(directory, tiny_model, rollout={"share_actor": False}, trainer={"steps": 3, "lr": 3e-2})
+        # On the CPU in float32, where a synced engine agrees with the trainer to rounding.
+        manifest = _dense_manifest(directory, tiny_model, run={"device": "cpu"}, rollout={"share_actor": False},
+                                   trainer={"steps": 3, "lr": 3e-2})
         assert main(["run", str(manifest), "--run-dir", str(directory / "run")]) == 0
         return train_rows(directory / "run")
 
@@ -244,8 +246,8 @@ def test_mismatch_metrics_by_hand():
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sequence_mask", "token_truncate"])
 def test_rollout_corrections_train_end_to_end(tmp_path, tiny_model, mode):
-    manifest = _dense_manifest(tmp_path, tiny_model, algorithm={"rollout_correction": mode, "rollout_is_threshold": 1.5},
-                               trainer={"steps": 2})
+    manifest = _dense_manifest(tmp_path, tiny_model, run={"device": "cpu"},
+                               algorithm={"rollout_correction": mode, "rollout_is_threshold": 1.5}, trainer={"steps": 2})
     assert main(["run", str(manifest), "--run-dir", str(tmp_path / "run")]) == 0
     rows = train_rows(tmp_path / "run")
     kind = "rejected" if mode.endswith("mask") else "truncated"

@@ -4,7 +4,8 @@ With ``sdpa``, transformers turns a packed row (positions restarting at 0) into 
 [N x N] block-diagonal mask, and SDPA then computes every query against every key of the row,
 masked or not, in a kernel that accepts arbitrary masks. Here the row's sequences are attended
 separately: on CUDA in half precision by torch's flash-attention varlen kernel (only the causal
-blocks of each sequence are computed, no mask is built), elsewhere by one causal SDPA call per
+blocks of each sequence are computed, no mask is built), on CUDA in float32 by one causal SDPA
+call over the sequences right-padded to the longest, elsewhere by one causal SDPA call per
 sequence. Anything that is not a packed row without padding or cache (generation with a KV
 cache, padded batches) goes to transformers' own SDPA path unchanged.
 """
@@ -69,6 +70,27 @@ def _flash(query, key, value, cu, longest, scaling):
     return varlen_attn(query, key, value, cu, cu, longest, longest, **kwargs)
 
 
+def _padded(query, key, value, cu, cu_list, longest, scaling):
+    """The same in one causal SDPA call over the sequences right-padded to the longest (float32
+    on CUDA, where the flash kernel does not run): a real query never reaches a padded key, which
+    comes after it, so the causal mask alone is exact. One call per layer instead of one per
+    sequence (a packed row holds hundreds)."""
+    count, total = len(cu_list) - 1, query.shape[0]
+    lengths = cu[1:] - cu[:-1]
+    sequence = torch.repeat_interleave(torch.arange(count, device=query.device), lengths.long(), output_size=total)
+    slot = sequence * longest + torch.arange(total, device=query.device) - cu[:-1].long()[sequence]
+
+    def pad(t):
+        grid = t.new_zeros(count * longest, *t.shape[1:]).index_copy(0, slot, t)
+        return grid.view(count, longest, *t.shape[1:]).transpose(1, 2)
+
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # not every SDPA kernel takes grouped heads in float32
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    out = torch.nn.functional.scaled_dot_product_attention(pad(query), pad(key), pad(value), is_causal=True, scale=scaling)
+    return out.transpose(1, 2).reshape(count * longest, *query.shape[1:])[slot]
+
+
 def _per_sequence(query, key, value, cu_list, scaling):
     """The same with one causal SDPA call per sequence (CPU, float32)."""
     groups = query.shape[1] // key.shape[1]
@@ -99,6 +121,8 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
     cu, cu_list, longest = _sequence_bounds(position_ids, batch, length)
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _varlen_kernel()[0] is not None:
         out = _flash(q, k, v, cu, longest, scaling)
+    elif q.is_cuda:
+        out = _padded(q, k, v, cu, cu_list, longest, scaling)
     else:
         out = _per_sequence(q, k, v, cu_list, scaling)
     return out.reshape(batch, length, heads, dim), None
