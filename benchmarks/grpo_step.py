@@ -206,6 +206,11 @@ def run_trl(args, prompts: list[str]) -> dict:
         raise SystemExit(f"--trl-micro-batch {micro} must divide {P * S}")
     out_dir = Path(tempfile.mkdtemp(prefix="trl-", dir=args.out))
     vllm = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=args.trl_vllm_memory) if args.only == "trl-vllm" else {}
+    if vllm:  # vLLM loads the model by its path (TRL then syncs the trainer's weights into it)
+        model_dir = args.out / f"trl-model-{args.shape}"
+        model.save_pretrained(model_dir)
+        tokenizer.save_pretrained(model_dir)
+        model.name_or_path = model.config._name_or_path = str(model_dir)
     if vllm:  # colocated vLLM joins a torch.distributed group of this one process
         import socket
 
