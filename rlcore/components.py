@@ -8,7 +8,6 @@ that provided it.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -93,11 +92,9 @@ class Component:
         """Import the factory (the first moment heavy modules may be imported)."""
         if callable(self.factory):
             return self.factory
-        module, _, attr = self.factory.partition(":")
-        obj: Any = importlib.import_module(module)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-        return obj
+        from rlcore.targets import load_target
+
+        return load_target(self.factory, what="factory")[0]
 
     def build(self, options: BaseModel | dict | None = None, context: Any = None) -> Any:
         """Validate ``options`` (a dict or an options instance) and call the factory."""
@@ -118,5 +115,6 @@ class Command:
     def load_run(self) -> Callable[..., int]:
         if callable(self.run):
             return self.run
-        module, _, attr = self.run.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        from rlcore.targets import load_target
+
+        return load_target(self.run, what="command")[0]

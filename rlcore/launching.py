@@ -1,4 +1,6 @@
-"""What every launcher shares: the manifest a remote driver runs, and the command that runs it.
+"""What every launcher shares: the manifest a remote driver runs, the command that runs it, the
+driver itself (for a launcher that starts ranks in its own workers), and the run's checkpoints.
+A launcher plugin needs nothing else of rlcore's internals (docs/architecture.md, "The plugin API").
 
 A launcher that starts the driver elsewhere (a Ray job, a SLURM allocation) writes the manifest
 with every override applied and paths made absolute, switched to the ``local`` launcher so the
@@ -39,3 +41,22 @@ def driver_command(request: LaunchRequest, manifest_file: str | Path, python: st
     if request.resume:
         argv.append("--resume")
     return argv
+
+
+def run_driver_manifest(manifest_file: str | Path, run_dir: str | Path, resume: bool = False) -> int:
+    """Run the driver (one rank of it, under torchrun-style variables) on a driver manifest, in
+    this process; return its exit code. Imports the trainer's stack."""
+    from rlcore.manifest.loader import load_manifest
+    from rlcore.trainer.driver import run_driver
+
+    return run_driver(load_manifest(manifest_file), run_dir, resume=resume)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The run's latest complete checkpoint, or None (also where the trainer's stack, torch
+    included, is not installed, as on a job client)."""
+    try:
+        from rlcore.trainer.checkpoint import Checkpointer
+    except ImportError:
+        return None
+    return Checkpointer(run_dir).latest()

@@ -6,7 +6,7 @@ import json
 
 from hypothesis import given, strategies as st
 
-from rlcore.agent.tool_calls import parse_tool_calls
+from rlcore.tool_calls import parse_tool_calls
 
 
 def test_hermes_calls_and_content():

@@ -9,7 +9,8 @@ import pytest
 from rlcore.builtin.options import PythonRewardOptions
 from rlcore.errors import RlcoreError
 from rlcore.interfaces import Prompt, RewardInput, RewardResult
-from rlcore.rewards import RewardRunner, build_python_reward, check_required_fields
+from rlcore.builtin.python_reward import build_python_reward
+from rlcore.trainer.reward_runner import RewardRunner, check_required_fields
 from rlcore.testing.rewards import check_reward_function
 
 

@@ -10,7 +10,7 @@ from loguru import logger
 
 from rlcore.errors import RlcoreError
 from rlcore.interfaces import RewardInput, RewardResult
-from rlcore.rewards import RewardRunner
+from rlcore.trainer.reward_runner import RewardRunner
 
 
 def behaving(item: RewardInput):
@@ -179,7 +179,7 @@ class _UnpicklableInAWorker:
 
 def test_forkserver_workers_run_a_python_reward_from_a_file(tmp_path):
     from rlcore.builtin.options import PythonRewardOptions
-    from rlcore.rewards import build_python_reward
+    from rlcore.builtin.python_reward import build_python_reward
 
     path = tmp_path / "my_reward.py"
     path.write_text("def score(item):\n    return float(len(item.response))\n")
@@ -227,7 +227,7 @@ def test_workers_exit_when_the_trainer_dies(tmp_path):
     script.write_text(
         "import os, sys, threading, time\n"
         "from rlcore.interfaces import RewardInput\n"
-        "from rlcore.rewards import RewardRunner\n"
+        "from rlcore.trainer.reward_runner import RewardRunner\n"
         "def spin(item):\n"
         "    while True:\n"
         "        pass\n"

@@ -1,4 +1,4 @@
-"""rlcore.rollout.options: the engine_args / servers / mode checks every engine's options share,
+"""rlcore.engine_kit.options: the engine_args / servers / mode checks every engine's options share,
 and that importing it stays light enough for ``rlcore validate``."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rlcore.rollout.options import check_engine_args, check_mode, check_server_urls, read_names, unknown_name_message
+from rlcore.engine_kit.options import check_engine_args, check_mode, check_server_urls, read_names, unknown_name_message
 
 KNOWN = frozenset({"max_num_seqs", "swap_space", "block_size"})
 OWN = {"tp_size": "tensor_parallel_size"}
@@ -65,6 +65,6 @@ def test_read_names_skips_comments_and_blank_lines(tmp_path, monkeypatch):
 
 
 def test_the_module_imports_neither_torch_nor_httpx():
-    code = "import sys, rlcore.rollout.options; print('torch' in sys.modules, 'httpx' in sys.modules)"
+    code = "import sys, rlcore.engine_kit.options; print('torch' in sys.modules, 'httpx' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]

@@ -1,4 +1,4 @@
-"""rlcore.rollout.remote.ServerPool against small real HTTP servers: balancing, whole-request
+"""rlcore.engine_kit.remote.ServerPool against small real HTTP servers: balancing, whole-request
 retries, named failures, 4xx not retried, engine errors that mean retry, rejoining."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from rlcore.errors import RlcoreError
-from rlcore.rollout.remote import RejectedError, ServerError, ServerPool
+from rlcore.engine_kit.remote import RejectedError, ServerError, ServerPool
 
 
 class Fake:

@@ -1,10 +1,10 @@
-"""rlcore.rollout.samples: one greedy request copied to n samples, and stop strings cut after
+"""rlcore.engine_kit.samples: one greedy request copied to n samples, and stop strings cut after
 the fact with the run's tokenizer."""
 
 from __future__ import annotations
 
 from rlcore.interfaces import Completion, SamplingParams
-from rlcore.rollout.samples import apply_stop_strings, first_stop, replicate, samples_to_request
+from rlcore.engine_kit.samples import apply_stop_strings, first_stop, replicate, samples_to_request
 
 
 class CharTokenizer:

@@ -1,4 +1,4 @@
-"""rlcore.rollout.weights: buckets, safetensors shards and PEFT adapter directories, read back."""
+"""rlcore.engine_kit.weights: buckets, safetensors shards and PEFT adapter directories, read back."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlcore.errors import UsageError
-from rlcore.rollout.weights import adapter_config, adapter_name, buckets, write_adapter, write_shards
+from rlcore.engine_kit.weights import adapter_config, adapter_name, buckets, write_adapter, write_shards
 
 
 def _tensors():
@@ -89,5 +89,5 @@ def test_the_module_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, rlcore.rollout.weights, rlcore.rollout.samples; print('torch' in sys.modules)"
+    code = "import sys, rlcore.engine_kit.weights, rlcore.engine_kit.samples; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

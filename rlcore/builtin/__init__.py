@@ -43,7 +43,7 @@ def rlcore_agent_loops():
     return [
         Component(
             name="single_turn",
-            factory="rlcore.agent.single_turn:build",
+            factory="rlcore.builtin.single_turn:build",
             options=SingleTurnOptions,
             description="one generation per sample; the default",
         )
@@ -67,7 +67,7 @@ def rlcore_reward_functions():
     return [
         Component(
             name="python",
-            factory="rlcore.rewards:build_python_reward",
+            factory="rlcore.builtin.python_reward:build_python_reward",
             options=PythonRewardOptions,
             description='a user function named as "python:file.py:function"',
         )

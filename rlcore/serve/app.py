@@ -21,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlcore.agent.tool_calls import parse_tool_calls
+from rlcore.tool_calls import parse_tool_calls
 from rlcore.interfaces import Completion, RolloutEngine, SamplingParams
 
 

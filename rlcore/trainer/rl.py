@@ -98,7 +98,7 @@ class RLTrainer:
         # Reward workers are forked processes: start them while this process is still small.
         reward = self.manifest.component("reward.function")
         self.reward_fn = reward.component.build(reward.options, BuildContext(manifest=self.manifest.resolved_dict(), run_dir=str(self.run_dir)))
-        from rlcore.rewards import RewardRunner
+        from rlcore.trainer.reward_runner import RewardRunner
 
         self.rewards = RewardRunner(self.reward_fn, timeout_s=cfg.reward.timeout_s, workers=cfg.reward.workers)
         self.rewards.start()
@@ -233,7 +233,7 @@ class RLTrainer:
 
     def _load_data(self) -> None:
         from rlcore.data import load_prompts
-        from rlcore.rewards import check_required_fields
+        from rlcore.trainer.reward_runner import check_required_fields
 
         d = self.cfg.data
         common = dict(tokenizer=self.tokenizer, max_prompt_tokens=d.max_prompt_tokens, prompt_key=d.prompt_key, base_dir=self.manifest.base_dir)

@@ -25,7 +25,7 @@ from rlcore.testing.engines import check_rollout_engine  # noqa: E402
 from rlcore_rollout_sglang.engine import build  # noqa: E402
 from rlcore_rollout_sglang.names import names  # noqa: E402
 from rlcore_rollout_sglang.options import SGLangOptions  # noqa: E402
-from rlcore.rollout.remote import RejectedError  # noqa: E402
+from rlcore.engine_kit.remote import RejectedError  # noqa: E402
 
 
 def _serve(**kw) -> ThreadServer:
@@ -177,7 +177,7 @@ def test_full_weight_update_through_disk_changes_generation(server, tmp_path):
     assert sorted(p.name for p in (tmp_path / "sync").iterdir()) == ["weights-v2"]  # the old version is removed
     # Buckets: two 1.2 MB tensors with 1 MB buckets give two shards.
     big = {"a.weight": torch.zeros(600, 512), "b.weight": torch.zeros(600, 512)}
-    from rlcore.rollout.weights import write_shards
+    from rlcore.engine_kit.weights import write_shards
 
     assert len(write_shards(big.items(), tmp_path / "ck", 1 << 20)) == 2
 

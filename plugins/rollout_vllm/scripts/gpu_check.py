@@ -563,7 +563,7 @@ def dry_run(res: Results, refs: Refs, work: Path) -> None:
     from peft import PeftModel
     from transformers import Qwen2ForCausalLM
 
-    from rlcore.rollout.weights import write_adapter, write_shards
+    from rlcore.engine_kit.weights import write_adapter, write_shards
 
     for m in ("A", "B", "lora1", "lora2"):
         got = refs.greedy(m)

@@ -10,48 +10,28 @@ against the same model, so a wrong call gets a clear error. Sync functions run i
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import inspect
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from rlcore.errors import UsageError
+from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import ToolResult
+from rlcore.targets import load_target
 from rlcore_agent.options import FunctionToolOptions
 
 
 def load_function(target: str, base_dir: str | Path | None = None) -> Callable[..., Any]:
-    """Import ``python:file.py:func`` / ``file.py:func`` / ``package.module:func``."""
-    spec_text = target.removeprefix("python:")
-    module_part, sep, attr = spec_text.rpartition(":")
-    if not sep or not module_part or not attr:
-        raise UsageError(f"function tool: expected 'python:FILE.py:FUNCTION' or 'package.module:FUNCTION', got {target!r}")
-    if module_part.endswith(".py"):
-        path = Path(module_part).expanduser()
-        if not path.is_absolute():
-            path = Path(base_dir or ".") / path
-        if not path.is_file():
-            raise UsageError(f"function tool: the file {str(path)!r} does not exist (from {target!r})")
-        name = f"rlcore_user_tool_{abs(hash(str(path.resolve())))}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(module_part)
-        except ImportError as exc:
-            raise UsageError(f"function tool: cannot import {module_part!r} (from {target!r}): {exc}") from None
-    func = getattr(module, attr, None)
+    """Import ``python:file.py:func`` / ``file.py:func`` (relative to ``base_dir``) / ``package.module:func``."""
+    try:
+        func, origin = load_target(target.removeprefix("python:"), what="function", base_dir=base_dir or ".")
+    except RlcoreError as exc:
+        raise UsageError(f"function tool {target!r}: {exc}") from None
     if not callable(func):
-        raise UsageError(f"function tool: {attr!r} is not a function in {module_part!r}")
+        raise UsageError(f"function tool {target!r}: {origin} holds a {type(func).__name__}, not a function")
     return func
 
 

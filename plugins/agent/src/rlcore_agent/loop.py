@@ -24,7 +24,7 @@ from typing import Any, Coroutine, Sequence, TypeVar
 
 from loguru import logger
 
-from rlcore.agent.tool_calls import ParsedTurn, ToolCall, parse_tool_calls
+from rlcore.tool_calls import ParsedTurn, ToolCall, parse_tool_calls
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import Prompt, RolloutEngine, SamplingParams, Tool, ToolResult, Trajectory
 from rlcore_agent.chat import ChatGlue

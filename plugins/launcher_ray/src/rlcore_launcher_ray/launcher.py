@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rlcore.errors import RlcoreError
 from rlcore.interfaces import LaunchRequest
-from rlcore.launching import driver_manifest_path, write_driver_manifest
+from rlcore.launching import driver_manifest_path, latest_checkpoint, write_driver_manifest
 
 from rlcore_launcher_ray.connect import check_reachable, import_ray, resolve_address
 from rlcore_launcher_ray.options import RayOptions
@@ -28,11 +28,7 @@ def _resume_hint(run_dir: str | Path) -> str:
 
 
 def _latest_checkpoint(run_dir: Path) -> Path | None:
-    try:
-        from rlcore.trainer.checkpoint import Checkpointer
-    except ImportError:  # the trainer's stack is not installed here (a job client)
-        return None
-    return Checkpointer(run_dir).latest()
+    return latest_checkpoint(run_dir)
 
 
 class RayLauncher:

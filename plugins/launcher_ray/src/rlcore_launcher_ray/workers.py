@@ -6,7 +6,6 @@ Imported only after :func:`rlcore_launcher_ray.connect.import_ray` succeeded.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import socket
@@ -22,6 +21,8 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlcore.errors import RlcoreError
+from rlcore.launching import run_driver_manifest
+from rlcore.targets import load_target
 
 from rlcore_launcher_ray.options import RayOptions
 
@@ -34,17 +35,13 @@ def _say(message: str) -> None:
 
 def train_rank(manifest_file: str, run_dir: str, resume: bool = False) -> int:
     """What each rank runs: the trainer's driver on the launcher's driver manifest."""
-    from rlcore.manifest.loader import load_manifest
-    from rlcore.trainer.driver import run_driver
-
-    return run_driver(load_manifest(manifest_file), run_dir, resume=resume)
+    return run_driver_manifest(manifest_file, run_dir, resume=resume)
 
 
 def _resolve(target: str | Callable[..., Any]) -> Callable[..., Any]:
     if callable(target):
         return target
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return load_target(target)[0]
 
 
 @ray.remote(max_restarts=0, max_concurrency=2)

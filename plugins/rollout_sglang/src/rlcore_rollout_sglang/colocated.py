@@ -21,8 +21,8 @@ from loguru import logger
 
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
-from rlcore.rollout.samples import apply_stop_strings, replicate
-from rlcore.rollout.weights import adapter_config, adapter_name, buckets, write_adapter
+from rlcore.engine_kit.samples import apply_stop_strings, replicate
+from rlcore.engine_kit.weights import adapter_config, adapter_name, buckets, write_adapter
 from rlcore_rollout_sglang import SGLANG_VERSION
 from rlcore_rollout_sglang.options import SGLangOptions
 from rlcore_rollout_sglang.results import check

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from rlcore.rollout.options import read_names
+from rlcore.engine_kit.options import read_names
 from rlcore_rollout_sglang import SGLANG_VERSION
 
 

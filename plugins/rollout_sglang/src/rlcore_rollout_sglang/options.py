@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rlcore.components import Options
-from rlcore.rollout.options import check_engine_args, check_mode, check_server_urls
+from rlcore.engine_kit.options import check_engine_args, check_mode, check_server_urls
 from rlcore_rollout_sglang import SGLANG_VERSION
 from rlcore_rollout_sglang.names import names
 

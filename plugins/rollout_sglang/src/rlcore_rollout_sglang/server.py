@@ -26,9 +26,9 @@ from loguru import logger
 
 from rlcore.errors import UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
-from rlcore.rollout.remote import RejectedError, ServerError, ServerPool
-from rlcore.rollout.samples import replicate, samples_to_request
-from rlcore.rollout.weights import adapter_name, write_adapter, write_shards
+from rlcore.engine_kit.remote import RejectedError, ServerError, ServerPool
+from rlcore.engine_kit.samples import replicate, samples_to_request
+from rlcore.engine_kit.weights import adapter_name, write_adapter, write_shards
 from rlcore_rollout_sglang.options import SGLangOptions
 from rlcore_rollout_sglang.results import check
 from rlcore_rollout_sglang.translate import AbortedError, generate_body, group_outputs

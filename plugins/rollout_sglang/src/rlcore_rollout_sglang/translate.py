@@ -27,8 +27,8 @@ from typing import Any
 
 from rlcore.errors import RlcoreError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
-from rlcore.rollout.options import colocated_model
-from rlcore.rollout.samples import samples_to_request
+from rlcore.engine_kit.options import colocated_model
+from rlcore.engine_kit.samples import samples_to_request
 from rlcore_rollout_sglang.options import SGLangOptions
 
 # The GenerateReqInput fields rlcore sends (Engine.generate's keyword arguments, /generate's JSON).

@@ -18,9 +18,9 @@ from loguru import logger
 
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
-from rlcore.rollout.options import unknown_name_message
-from rlcore.rollout.samples import replicate
-from rlcore.rollout.weights import buckets, write_adapter
+from rlcore.engine_kit.options import unknown_name_message
+from rlcore.engine_kit.samples import replicate
+from rlcore.engine_kit.weights import buckets, write_adapter
 from rlcore_rollout_vllm import compat
 from rlcore_rollout_vllm.names import live_engine_args
 from rlcore_rollout_vllm.options import VLLMOptions

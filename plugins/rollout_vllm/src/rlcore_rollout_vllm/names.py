@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from rlcore.rollout.options import read_names
+from rlcore.engine_kit.options import read_names
 
 VERSIONS = ("0.26.0", "0.33.0")
 

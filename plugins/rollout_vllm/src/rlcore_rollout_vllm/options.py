@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rlcore.components import Options
-from rlcore.rollout.options import check_engine_args, check_mode, check_server_urls
+from rlcore.engine_kit.options import check_engine_args, check_mode, check_server_urls
 from rlcore_rollout_vllm.names import VERSIONS, engine_arg_versions
 
 # engine_args keys that have their own option, so they are set in one place only.

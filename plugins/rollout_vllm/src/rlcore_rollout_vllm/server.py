@@ -18,9 +18,9 @@ from loguru import logger
 
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
-from rlcore.rollout.remote import ServerError, ServerPool
-from rlcore.rollout.samples import replicate, samples_to_request
-from rlcore.rollout.weights import write_adapter, write_shards
+from rlcore.engine_kit.remote import ServerError, ServerPool
+from rlcore.engine_kit.samples import replicate, samples_to_request
+from rlcore.engine_kit.weights import write_adapter, write_shards
 from rlcore_rollout_vllm.options import VLLMOptions
 from rlcore_rollout_vllm.translate import completion_body, parse_completion
 from rlcore_rollout_vllm.weights import LoraSpec, proj_modules, with_base_layer

@@ -10,8 +10,8 @@ from typing import Any, Sequence
 
 from rlcore.errors import RlcoreError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
-from rlcore.rollout.options import colocated_model
-from rlcore.rollout.samples import samples_to_request  # vLLM refuses n > 1 with greedy sampling
+from rlcore.engine_kit.options import colocated_model
+from rlcore.engine_kit.samples import samples_to_request  # vLLM refuses n > 1 with greedy sampling
 from rlcore_rollout_vllm.options import VLLMOptions
 
 # vLLM's max_lora_rank accepts only these (vllm/config/lora.py, MaxLoRARanks, 0.26 to 0.33).

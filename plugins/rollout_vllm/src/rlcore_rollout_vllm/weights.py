@@ -1,4 +1,4 @@
-"""What vLLM needs beside the shared weight helpers (:mod:`rlcore.rollout.weights`): the adapter
+"""What vLLM needs beside the shared weight helpers (:mod:`rlcore.engine_kit.weights`): the adapter
 description it is given, and the renaming its LoRA-wrapped layers need."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from rlcore.rollout.weights import pairs
+from rlcore.engine_kit.weights import pairs
 
 
 @dataclass

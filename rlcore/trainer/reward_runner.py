@@ -1,4 +1,4 @@
-"""Running reward functions safely: the builtin ``python`` reward, and a runner with time limits.
+"""Running reward functions safely: a runner with time limits, and the data-field check.
 
 A reward function is user code that sees model output, so it may raise, return nonsense, or
 loop forever. :class:`RewardRunner` scores a batch so that none of these can crash or stall a
@@ -27,9 +27,6 @@ killed one is replaced.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import inspect
 import math
 import multiprocessing
 import numbers
@@ -37,30 +34,21 @@ import os
 import pickle
 import queue
 import signal
-import sys
 import threading
 import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
-from hashlib import sha1
 from multiprocessing.connection import Connection, wait as wait_connections
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Sequence
 
 from loguru import logger
 
-from rlcore.errors import RlcoreError, did_you_mean
+from rlcore.errors import RlcoreError
 from rlcore.interfaces import Prompt, RewardInput, RewardResult
 
-__all__ = [
-    "PythonReward",
-    "RewardBatch",
-    "RewardRunner",
-    "build_python_reward",
-    "check_required_fields",
-    "load_python_function",
-]
+__all__ = ["RewardBatch", "RewardRunner", "check_required_fields"]
 
 # Statuses of one scored item, and the batch metric that counts each failure.
 FAILURE_METRICS = {"error": "reward/errors", "invalid": "reward/invalid", "timeout": "reward/timeouts"}
@@ -72,140 +60,6 @@ _DESCRIBE = {
 
 
 # ----------------------------------------------------------------------------- the python reward
-
-
-def load_python_function(target: str) -> tuple[Callable[..., Any], str]:
-    """Import ``FILE.py:FUNC`` or ``package.module:FUNC``; return the function and where it came from."""
-    where, sep, name = target.rpartition(":")
-    if not sep or not where or not name:
-        raise RlcoreError(f"expected 'FILE.py:FUNCTION' or 'package.module:FUNCTION', got {target!r}")
-    if where.endswith(".py"):
-        module = _import_file(Path(where))
-        origin = str(Path(where))
-    else:
-        try:
-            module = importlib.import_module(where)
-        except ModuleNotFoundError as exc:
-            raise RlcoreError(f"reward module {where!r} cannot be imported: {exc}") from None
-        except Exception as exc:  # noqa: BLE001 - the user's module failed while importing
-            raise RlcoreError(f"importing reward module {where!r} failed: {type(exc).__name__}: {exc}") from None
-        origin = f"module {where}"
-    fn = getattr(module, name, None)
-    if fn is None:
-        available = sorted(
-            n for n, v in vars(module).items() if callable(v) and not n.startswith("_") and not inspect.isclass(v)
-        )
-        hint = did_you_mean(name, available)
-        raise RlcoreError(
-            f"{origin} has no function {name!r}"
-            + (f"; did you mean {hint!r}?" if hint else "")
-            + "; functions defined there: "
-            + (", ".join(available) or "(none)")
-        )
-    if not callable(fn):
-        raise RlcoreError(f"{origin}: {name!r} is not a function but a {type(fn).__name__} value")
-    return fn, origin
-
-
-def _import_file(path: Path) -> Any:
-    path = path.expanduser().resolve()
-    if not path.is_file():
-        raise RlcoreError(f"reward file {str(path)!r} does not exist")
-    # A stable, unique module name, registered in sys.modules, so that the file's own classes
-    # pickle by reference and a second import of the same file is the same module.
-    module_name = f"rlcore_user_reward_{path.stem}_{sha1(str(path).encode()).hexdigest()[:8]}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # Helpers next to the file are importable from it, as when running it as a script.
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except SyntaxError as exc:
-        del sys.modules[module_name]
-        raise RlcoreError(f"syntax error in reward file {str(path)!r}, line {exc.lineno}: {exc.msg}") from None
-    except BaseException as exc:  # noqa: BLE001 - anything the user's file raises at import
-        del sys.modules[module_name]
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        raise RlcoreError(f"importing reward file {str(path)!r} failed: {type(exc).__name__}: {exc}") from None
-    return module
-
-
-_VERL_NAMES = ("data_source", "solution_str", "ground_truth")
-
-
-class PythonReward:
-    """A user's function as a reward: ``fn(item: RewardInput)`` or verl's
-    ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``, told apart by the
-    signature. verl functions may return a dict with a ``score`` key; its other numeric keys
-    become metrics (see :func:`_normalise`)."""
-
-    required_fields: frozenset[str] = frozenset()
-
-    def __init__(self, fn: Callable[..., Any], origin: str = "", target: str = "") -> None:
-        self.fn, self.target = fn, target
-        self.origin = origin or getattr(fn, "__qualname__", repr(fn))
-        self.style = _detect_style(fn, self.origin)
-        self.__name__ = getattr(fn, "__name__", "reward")
-
-    def __call__(self, item: RewardInput) -> Any:
-        if self.style == "item":
-            return self.fn(item)
-        if self.style == "verl_kw":
-            return self.fn(item.data_source, item.response, item.ground_truth, extra_info=item.extra_info)
-        if self.style == "verl4":
-            return self.fn(item.data_source, item.response, item.ground_truth, item.extra_info)
-        return self.fn(item.data_source, item.response, item.ground_truth)
-
-    def __repr__(self) -> str:
-        return f"PythonReward({self.origin}, style={self.style})"
-
-    def __reduce__(self) -> tuple:
-        # A function loaded from a file lives in a module no other process can import by name:
-        # a worker process loads it again from its target instead.
-        if self.target:
-            return (_rebuild_python_reward, (self.target,))
-        return (PythonReward, (self.fn, self.origin))
-
-
-def _detect_style(fn: Callable[..., Any], origin: str) -> str:
-    """"item" for fn(item); "verl3", "verl4" or "verl_kw" (how extra_info is passed) for verl's form."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return "item"  # a builtin or C callable: assume the rlcore signature
-    params = list(sig.parameters.values())
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    var_positional = any(p.kind == p.VAR_POSITIONAL for p in params)
-    var_keyword = any(p.kind == p.VAR_KEYWORD for p in params)
-    required = [p for p in positional if p.default is p.empty]
-    if [p.name for p in positional[:3]] == list(_VERL_NAMES) or len(required) >= 3:
-        if "extra_info" in sig.parameters or var_keyword:
-            return "verl_kw"
-        return "verl4" if len(positional) >= 4 or var_positional else "verl3"
-    if len(required) <= 1 and (positional or var_positional):
-        return "item"
-    raise RlcoreError(
-        f"reward function {origin} has the signature {getattr(fn, '__name__', 'fn')}{sig}; expected fn(item) "
-        "taking an rlcore.interfaces.RewardInput, or verl's compute_score(data_source, solution_str, "
-        "ground_truth, extra_info=None)"
-    )
-
-
-def build_python_reward(options: Any, context: Any = None) -> PythonReward:
-    """Factory of the builtin ``python`` reward (options: :class:`rlcore.builtin.options.PythonRewardOptions`)."""
-    fn, origin = load_python_function(options.target)
-    return PythonReward(fn, origin, target=options.target)
-
-
-def _rebuild_python_reward(target: str) -> PythonReward:
-    fn, origin = load_python_function(target)
-    return PythonReward(fn, origin, target=target)
 
 
 # ----------------------------------------------------------------------------- required fields
