@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from core_support import ROOT, run_cli
 
 from rlcore.cli import main
+from rlcore.testing.runs import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 
 HEAVY = ("torch", "transformers", "vllm", "sglang", "ray", "datasets")
 

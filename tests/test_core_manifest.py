@@ -7,7 +7,30 @@ import pytest
 from rlcore.errors import ManifestError
 from rlcore.manifest.loader import load_manifest
 
-from core_support import VALID
+VALID = """\
+[run]
+name = "t"
+
+[model]
+path = "org/model"
+
+[data]
+train = "synthetic:addition"
+
+[rollout]
+engine = "toy"
+samples_per_prompt = 2
+
+[reward]
+function = "match"
+
+[algorithm]
+advantage = "group"
+policy_loss = "clipped"
+
+[trainer]
+steps = 3
+"""
 
 
 def _replace(old: str, new: str) -> str:

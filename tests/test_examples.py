@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
-from core_support import ROOT
 
 from rlcore.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.toml"))
 

@@ -9,8 +9,11 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
-from core_support import ROOT, run_cli
+from rlcore.testing.runs import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 
 
 def _block(readme: str, marker: str) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from core_support import run_cli
-from trainer_support import write_manifest
+
+from rlcore.testing.runs import run_cli, write_run_manifest
 
 
 def _assert_clean(proc, code: int, *phrases: str) -> None:
@@ -21,7 +21,7 @@ def _assert_clean(proc, code: int, *phrases: str) -> None:
 def test_rows_without_the_fields_the_reward_needs(tmp_path, tiny_model):
     data = tmp_path / "rows.jsonl"
     data.write_text("\n".join(json.dumps({"prompt": [{"role": "user", "content": f"q{i}"}], "data_source": "x"}) for i in range(4)))
-    manifest = write_manifest(tmp_path, tiny_model, data={"train": str(data), "val": None})
+    manifest = write_run_manifest(tmp_path, tiny_model, data={"train": str(data), "val": None})
     proc = run_cli("run", str(manifest), "--run-dir", str(tmp_path / "run"))
     _assert_clean(proc, 2, "rows.jsonl", "ground_truth")
 
@@ -30,13 +30,13 @@ def test_rows_without_the_fields_the_reward_needs(tmp_path, tiny_model):
 def test_an_empty_dataset(tmp_path, tiny_model):
     data = tmp_path / "empty.jsonl"
     data.write_text("")
-    manifest = write_manifest(tmp_path, tiny_model, data={"train": str(data), "val": None})
+    manifest = write_run_manifest(tmp_path, tiny_model, data={"train": str(data), "val": None})
     proc = run_cli("run", str(manifest), "--run-dir", str(tmp_path / "run"))
     _assert_clean(proc, 2, "empty.jsonl")
 
 
 def test_a_model_path_that_does_not_exist(tmp_path):
-    manifest = write_manifest(tmp_path, tmp_path / "no-such-model", model={"path": "./no-such-model"})
+    manifest = write_run_manifest(tmp_path, tmp_path / "no-such-model", model={"path": "./no-such-model"})
     proc = run_cli("validate", str(manifest))
     _assert_clean(proc, 2, "[model.path]", "does not exist")
 
@@ -44,18 +44,18 @@ def test_a_model_path_that_does_not_exist(tmp_path):
 @pytest.mark.slow
 def test_a_model_that_cannot_be_loaded(tmp_path):
     (tmp_path / "not-a-model").mkdir()
-    manifest = write_manifest(tmp_path, tmp_path / "not-a-model", data={"val": None})
+    manifest = write_run_manifest(tmp_path, tmp_path / "not-a-model", data={"val": None})
     proc = run_cli("run", str(manifest), "--run-dir", str(tmp_path / "run"), env={"HF_HUB_OFFLINE": "1"})
     _assert_clean(proc, 2, "[model] path", "not-a-model")
 
 
 def test_a_maximum_response_length_of_zero(tmp_path):
-    manifest = write_manifest(tmp_path, tmp_path, data={"max_response_tokens": 0})
+    manifest = write_run_manifest(tmp_path, tmp_path, data={"max_response_tokens": 0})
     proc = run_cli("validate", str(manifest))
     _assert_clean(proc, 2, "[data.max_response_tokens]", "greater than or equal to 1")
 
 
 def test_grpo_with_one_sample_per_prompt(tmp_path):
-    manifest = write_manifest(tmp_path, tmp_path, rollout={"samples_per_prompt": 1})
+    manifest = write_run_manifest(tmp_path, tmp_path, rollout={"samples_per_prompt": 1})
     proc = run_cli("validate", str(manifest))
     _assert_clean(proc, 2, "[rollout.samples_per_prompt]", "every advantage would be zero")

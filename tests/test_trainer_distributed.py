@@ -8,10 +8,13 @@ import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from core_support import ROOT
-from trainer_support import train_rows, write_manifest
+
+from rlcore.testing.runs import train_rows, write_run_manifest
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 
 
 def _free_port() -> int:
@@ -40,7 +43,7 @@ def test_two_ranks_match_one_rank(tmp_path, tiny_model):
     shutil.copy(ROOT / "tests" / "fixtures" / "dense_rewards.py", tmp_path / "dense_rewards.py")
     # Greedy rollouts make every sample independent of how prompts are split between ranks; the
     # batch-whitened estimator and a dense reward give non-zero advantages.
-    manifest = write_manifest(
+    manifest = write_run_manifest(
         tmp_path, tiny_model,
         rollout={"samples_per_prompt": 1, "temperature": 0.0},
         reward={"function": "python:dense_rewards.py:sum_and_upper", "method": None},

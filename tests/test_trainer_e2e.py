@@ -6,9 +6,9 @@ import math
 import shutil
 
 import pytest
-from trainer_support import read_metrics, train_rows, write_manifest
 
 from rlcore.cli import main
+from rlcore.testing.runs import read_metrics, train_rows, write_run_manifest
 
 FINITE_KEYS = ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "critic/score/mean", "response_length/mean")
 
@@ -25,7 +25,7 @@ def _assert_finite(rows):
 
 @pytest.mark.slow
 def test_grpo_runs_writes_metrics_checkpoints_and_resumes(tmp_path, tiny_model):
-    manifest = write_manifest(tmp_path, tiny_model, trainer={"save_every": 1, "steps": 2})
+    manifest = write_run_manifest(tmp_path, tiny_model, trainer={"save_every": 1, "steps": 2})
     run_dir = tmp_path / "run"
     assert _run(manifest, run_dir) == 0
     rows = train_rows(run_dir)
@@ -48,7 +48,7 @@ def test_grpo_runs_writes_metrics_checkpoints_and_resumes(tmp_path, tiny_model):
 
 @pytest.mark.slow
 def test_ppo_with_critic_and_kl_runs(tmp_path, tiny_model):
-    manifest = write_manifest(
+    manifest = write_run_manifest(
         tmp_path, tiny_model,
         algorithm={"advantage": "gae", "policy_loss": "ppo_clip", "kl_coef": 0.01, "kl_estimator": "k3", "entropy_coef": 0.001,
                    "ppo_epochs": 2, "mini_batches": 2, "loss_agg_mode": "seq-mean-token-mean"},
@@ -65,7 +65,7 @@ def test_ppo_with_critic_and_kl_runs(tmp_path, tiny_model):
 
 @pytest.mark.slow
 def test_lora_with_kl_in_reward_and_export(tmp_path, tiny_model):
-    manifest = write_manifest(
+    manifest = write_run_manifest(
         tmp_path, tiny_model,
         model={"lora": {"rank": 4, "alpha": 8}, "gradient_checkpointing": True},
         algorithm={"advantage": "rloo", "kl_coef": 0.05, "kl_in_reward": True, "tis_cap": 2.0},
@@ -91,7 +91,7 @@ def test_compiled_trainer_matches_eager_run(tmp_path, tiny_model):
     rows = {}
     for setting in (False, True):
         (tmp_path / str(setting)).mkdir()
-        manifest = write_manifest(tmp_path / str(setting), tiny_model, model={"compile": setting}, trainer={"steps": 1})
+        manifest = write_run_manifest(tmp_path / str(setting), tiny_model, model={"compile": setting}, trainer={"steps": 1})
         assert _run(manifest, tmp_path / str(setting) / "run") == 0
         rows[setting] = train_rows(tmp_path / str(setting) / "run")[0]
     _assert_finite([rows[True]])

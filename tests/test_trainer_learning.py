@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
-from core_support import ROOT
-from trainer_support import train_rows, write_manifest
 
 from rlcore.cli import main
+from rlcore.testing.runs import train_rows, write_run_manifest
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +26,7 @@ def small_vocab_model(tmp_path_factory):
 @pytest.mark.slow
 def test_grpo_raises_a_dense_reward(tmp_path, small_vocab_model):
     shutil.copy(ROOT / "tests" / "fixtures" / "dense_rewards.py", tmp_path / "dense_rewards.py")
-    manifest = write_manifest(
+    manifest = write_run_manifest(
         tmp_path, small_vocab_model,
         data={"prompts_per_step": 8, "max_response_tokens": 8, "val": None},
         rollout={"samples_per_prompt": 4, "temperature": 1.0},

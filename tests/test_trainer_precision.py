@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
-from core_support import ROOT
-from trainer_support import train_rows, write_manifest
 
 from rlcore.cli import main
+from rlcore.testing.runs import train_rows, write_run_manifest
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 
 DENSE = {"function": "python:dense_rewards.py:sum_and_upper", "method": None}
 
@@ -25,7 +27,7 @@ def _dense_manifest(tmp_path, model_dir, **tables):
                 rollout={"samples_per_prompt": 2, "temperature": 1.0})
     for key, value in tables.items():
         base[key] = {**base.get(key, {}), **value}
-    return write_manifest(tmp_path, model_dir, **base)
+    return write_run_manifest(tmp_path, model_dir, **base)
 
 
 def _weights(directory) -> dict[str, torch.Tensor]:
@@ -297,7 +299,7 @@ def test_manifest_precision_keys(tmp_path, tiny_model):
         ModelTable(path="m", dtype="bfloat16", compute_dtype="float32")
     with pytest.raises(ValueError, match="keep one"):
         AlgorithmTable(tis_cap=2.0, rollout_correction="token_mask")
-    manifest = write_manifest(tmp_path, tiny_model, model={"dtype": "bfloat16"})
+    manifest = write_run_manifest(tmp_path, tiny_model, model={"dtype": "bfloat16"})
     from rlcore.manifest.checks import check_resolved
     from rlcore.manifest.loader import load_manifest
     from rlcore.registry import Registry

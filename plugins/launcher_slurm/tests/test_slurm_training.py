@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 import tomli_w
 
+from rlcore.testing.runs import TINY_RUN, deep_update
+
 from rlcore_launcher_slurm import slurm
-from trainer_support import BASE, deep_update  # tests/ is on pytest's pythonpath
 
 
 def tiny_manifest(directory: Path, model: Path, steps: int = 2, **launcher) -> Path:
-    """The shared tiny training manifest (tests/trainer_support.py), launched through SLURM."""
-    doc = deep_update(BASE, {
+    """The shared tiny training manifest (rlcore.testing.runs.TINY_RUN), launched through SLURM."""
+    doc = deep_update(TINY_RUN, {
         "run": {"name": "slurm-e2e"},
         "model": {"path": str(model)},
         "trainer": {"steps": steps, "loggers": ["console", "jsonl"]},

@@ -1,0 +1,90 @@
+"""Tiny training runs for end-to-end tests: a manifest around a tiny model, the CLI in a
+subprocess, and the metrics a run leaves behind.
+
+::
+
+    from rlcore.testing.runs import run_cli, train_rows, write_run_manifest
+
+    def test_two_steps(tiny_model, tmp_path):  # tiny_model: a fixture of rlcore's pytest plugin
+        manifest = write_run_manifest(tmp_path, tiny_model, trainer={"steps": 2})
+        proc = run_cli("run", str(manifest), "--run-dir", str(tmp_path / "run"), timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        assert len(train_rows(tmp_path / "run")) == 2
+
+:data:`TINY_RUN` names components of first-party plugins (the ``hf`` engine of rlcore-rollout-hf,
+the ``gsm8k`` reward of rlcore-reward-rule, the ``grpo`` estimator of rlcore-algo-grpo): a test
+that runs it needs those installed, or overrides those tables. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+# A CPU run of a few seconds: 4 prompts a step, 2 samples each, 6 response tokens, 2 steps.
+# "MODEL" stands for the model directory that write_run_manifest fills in.
+TINY_RUN: dict[str, Any] = {
+    "run": {"name": "t", "seed": 3, "threads": 1},
+    "model": {"path": "MODEL"},
+    "data": {
+        "train": "synthetic:addition?size=64&seed=0&split=train",
+        "val": "synthetic:addition?size=8&seed=0&split=test",
+        "prompts_per_step": 4,
+        "max_prompt_tokens": 128,
+        "max_response_tokens": 6,
+    },
+    "rollout": {"engine": "hf", "samples_per_prompt": 2},
+    "reward": {"function": "gsm8k", "method": "flexible"},
+    "algorithm": {"advantage": "grpo", "policy_loss": "ppo_clip"},
+    "trainer": {"steps": 2, "lr": 1e-3, "loggers": ["jsonl"], "eval_before_train": False},
+}
+
+
+def deep_update(base: dict, top: dict) -> dict:
+    """A copy of ``base`` with ``top`` merged in, table by table; a value of None removes the key."""
+    out = json.loads(json.dumps(base))
+    for key, value in top.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_update(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def write_run_manifest(directory: Path, model_dir: Path, **tables: dict) -> Path:
+    """Write :data:`TINY_RUN`, updated with ``tables`` (see :func:`deep_update`) and its model path
+    set to ``model_dir``, to ``directory/manifest.toml``; returns that path."""
+    doc = deep_update(TINY_RUN, tables)
+    if doc["model"]["path"] == "MODEL":
+        doc["model"]["path"] = str(model_dir)
+    path = Path(directory) / "manifest.toml"
+    path.write_text(tomli_w.dumps(doc), encoding="utf-8")
+    return path
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """Every row of a run's ``metrics.jsonl`` (written by the ``jsonl`` logger), in order."""
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def train_rows(run_dir: Path) -> list[dict]:
+    """The training steps' rows of ``metrics.jsonl`` (evaluation rows left out)."""
+    return [m for m in read_metrics(run_dir) if "critic/score/mean" in m]
+
+
+def run_cli(*args: str, env: dict | None = None, cwd: str | Path | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``python -m rlcore *args`` in a subprocess (text output captured), with ``env`` added
+    to this process's environment; returns the CompletedProcess."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "rlcore", *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout
+    )
