@@ -1,0 +1,82 @@
+"""First-party plugins use the declared plugin API only (rlcore.testing.api.PLUGIN_API): no other
+rlcore module, no other plugin's package. The check reads the sources with ast."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlcore.testing.api import PLUGIN_API, ImportViolation, check_plugin_imports, describe_violations, is_plugin_api
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+PLUGINS = sorted(p.parent for p in (ROOT / "plugins").glob("*/pyproject.toml"))
+
+
+def _packages(plugin: Path) -> set[str]:
+    """The plugin's own top-level packages (plugins/<name>/src/<package>/)."""
+    return {p.parent.name for p in (plugin / "src").glob("*/__init__.py")}
+
+
+def test_every_plugin_is_checked():
+    assert len(PLUGINS) >= 9 and all(_packages(p) for p in PLUGINS), PLUGINS
+
+
+@pytest.mark.parametrize("plugin", PLUGINS, ids=lambda p: p.name)
+def test_plugin_imports_only_the_plugin_api(plugin):
+    files = sorted((plugin / "src").rglob("*.py"))
+    assert files
+    violations = check_plugin_imports(files, own=_packages(plugin), root=ROOT)
+    assert not violations, describe_violations(violations)
+
+
+def test_every_module_of_the_plugin_api_exists():
+    import importlib.util
+
+    for entry in PLUGIN_API:
+        name = entry.removesuffix(".*")
+        assert importlib.util.find_spec(name) is not None, f"PLUGIN_API names {name}, which does not exist"
+
+
+@pytest.mark.parametrize("module, allowed", [
+    ("rlcore", True), ("rlcore.interfaces", True), ("rlcore.algorithms", True), ("rlcore.algorithms.masked", True),
+    ("rlcore.engine_kit.weights", True), ("rlcore.testing.engines", True), ("rlcore.launching", True),
+    ("rlcore.trainer", False), ("rlcore.trainer.rl", False), ("rlcore.manifest.loader", False),
+    ("rlcore.registry", False), ("rlcore.cli", False), ("rlcore.errors_extra", False), ("rlcore.interfaces.x", False),
+])
+def test_is_plugin_api(module, allowed):
+    assert is_plugin_api(module) is allowed
+
+
+def test_the_check_finds_forbidden_imports_and_names_them(tmp_path):
+    source = tmp_path / "mod.py"
+    source.write_text(
+        "import os\n"
+        "import torch\n"
+        "import rlcore\n"
+        "from rlcore import Component, hookimpl\n"
+        "from rlcore.algorithms.masked import masked_mean\n"
+        "from rlcore.engine_kit import options\n"
+        "from . import sibling\n"
+        "from rlcore_mine.options import Opts\n"
+        "import rlcore.trainer.rl as rl\n"  # line 9
+        "from rlcore import registry\n"  # line 10
+        "def later():\n"
+        "    from rlcore_other import thing\n"  # line 12
+        "    import importlib\n"
+        "    return importlib.import_module('rlcore.manifest.loader')\n"  # line 14
+    )
+    violations = check_plugin_imports([source], own={"rlcore_mine"}, root=tmp_path)
+    assert [(v.line, v.module) for v in violations] == [
+        (9, "rlcore.trainer.rl"), (10, "rlcore.registry"), (12, "rlcore_other"), (14, "rlcore.manifest.loader"),
+    ]
+    message = describe_violations(violations)
+    assert "mod.py:9: imports rlcore.trainer.rl (not part of the plugin API)" in message
+    assert "mod.py:12: imports rlcore_other (another plugin's package)" in message
+    assert "rlcore.interfaces" in message and "rlcore.engine_kit (and its submodules)" in message
+
+
+def test_a_violation_reads_as_file_line_module():
+    assert str(ImportViolation(Path("p/x.py"), 3, "rlcore.cli", "not part of the plugin API")) == (
+        "p/x.py:3: imports rlcore.cli (not part of the plugin API)"
+    )
