@@ -26,7 +26,7 @@ Measured, in this order:
       --warmup steps are run and reported but not timed into the mean (CUDA and allocator warm-up).
       Model loading and set-up are excluded. Peak memory per step: max_memory_allocated, reset
       before each step. The tokenizer has no EOS, so every response has exactly R tokens.
-  (c) rlcore's actor update alone (RLTrainer._update_actor: packed forward, chunked log-probs and
+  (c) rlcore's actor update alone (RLTrainer.update_actor: packed forward, chunked log-probs and
       entropy, backward, clipping, AdamW) on a batch of the step's shape (P*S sequences of
       prompt+response tokens): tokens/s and MFU = 6 * N * tokens/s / peak, N counting every
       parameter once (the tied embedding once), attention score FLOPs not counted.
@@ -372,11 +372,11 @@ def run_rlcore(args, shape: str, prompts: list[str]) -> dict:
                   f"update {metrics.get('timing_s/update_actor', 0):.3f}), "
                   f"response length {metrics.get('response_length/mean', 0):.0f}", flush=True)
         training = measure_training(args, trainer) if not args.skip_train_only else None
-        params = sum(p.numel() for p in trainer.actor.parameters())
+        params = sum(p.numel() for p in trainer.actor.module.parameters())
     finally:
         for sink in trainer.sinks:
             sink.close()
-        trainer.rewards.close()
+        trainer.scorer.close()
         trainer.dist.close()
     timed = steps[args.warmup:] or steps
     mean = lambda key: sum(m.get(key, 0.0) for m in timed) / len(timed)  # noqa: E731
@@ -405,14 +405,14 @@ def run_rlcore(args, shape: str, prompts: list[str]) -> dict:
 
 
 def measure_training(args, trainer) -> dict:
-    """Time RLTrainer._update_actor on a synthetic batch of the step's exact shape."""
+    """Time RLTrainer.update_actor on a synthetic batch of the step's exact shape."""
     import torch
 
     from rlcore.interfaces import Prompt, Trajectory
     from rlcore.trainer.batch import build_batch
 
     P, S, T, R = args.workload
-    vocab = trainer.actor.config.vocab_size
+    vocab = trainer.actor.module.config.vocab_size
     g = torch.Generator().manual_seed(0)
     trajectories = []
     for p in range(P):
@@ -428,13 +428,13 @@ def measure_training(args, trainer) -> dict:
     for i in range(args.train_iters + 1):  # the first call warms up
         _reset_peak(args.device)
         start = time.perf_counter()
-        out = trainer._update_actor(batch, 1.0, has_old=False)
+        out = trainer.update_actor(batch, 1.0, has_old=False)
         _sync(args.device)
         if i:
             times.append(time.perf_counter() - start)
             peaks.append(_peak_gib(args.device))
     seconds = sum(times) / len(times)
-    params = sum(p.numel() for p in trainer.actor.parameters())
+    params = sum(p.numel() for p in trainer.actor.module.parameters())
     peak = PEAK_TFLOPS.get(args.device.split(":")[0])
     flops = 6 * params * tokens / seconds
     return {

@@ -47,6 +47,12 @@ class Completion:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
+    """Generates responses. ``shares_actor`` says whether the engine generates with the trainer's
+    own actor module (then a weight update costs nothing and the trainer's ranks may gather the
+    module for it); an engine holding its own weights sets it False."""
+
+    shares_actor: bool
+
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
         """Return ``params.n`` completions for each prompt, in prompt order."""
 
@@ -219,15 +225,22 @@ class MetricsSink(Protocol):
 
 @dataclass
 class BuildContext:
-    """What a factory receives beside its options. Fields a run has not set yet are None.
+    """What a factory receives beside its options. Fields a run has not set are None (or empty).
 
-    manifest: the resolved manifest (a plain dict). run_dir: the run's directory.
-    model_path / gguf_file / dtype / device / seed: from ``[model]`` and ``[run]``.
-    tokenizer: a transformers tokenizer, once loaded. actor: the trainer's actor module, so an
-    engine in the same process can share its parameters. sampling: the run's SamplingParams.
+    manifest: the resolved manifest (a plain dict); manifest_dir: the directory relative paths in it
+    are read from. run_dir: the run's directory (metrics sinks write there).
+    model_path / gguf_file / seed: from ``[model]`` and ``[run]``. dtype: what the model computes
+    in (``[model] compute_dtype`` resolved: the dtype an engine should run its weights in).
+    device: where the trainer runs ("cpu", "cuda:0"). tokenizer: the run's transformers tokenizer.
+    actor: the trainer's actor module, so an engine in the same process can share its parameters.
+    tools: the run's tools by ``[tools.NAME]`` table name (agent loops). resume_step: the step a
+    resumed run continues after (None for a fresh run). total_steps: ``[trainer] steps``.
+
+    Build one for a manifest with :meth:`from_manifest`.
     """
 
     manifest: dict[str, Any] = field(default_factory=dict)
+    manifest_dir: str | None = None
     run_dir: str | None = None
     model_path: str | None = None
     gguf_file: str | None = None
@@ -236,5 +249,23 @@ class BuildContext:
     seed: int = 0
     tokenizer: Any = None
     actor: Any = None
-    sampling: SamplingParams | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    tools: dict[str, Any] = field(default_factory=dict)
+    resume_step: int | None = None
+    total_steps: int | None = None
+
+    @classmethod
+    def from_manifest(cls, manifest: Any, **fields: Any) -> "BuildContext":
+        """The context of a run of ``manifest`` (an ``rlcore.manifest.loader.ResolvedManifest``):
+        what the manifest says is filled in, the rest (device, dtype, tokenizer, actor, ...) comes
+        from ``fields``, which may also override the model path (a converted GGUF file)."""
+        core = manifest.core
+        values: dict[str, Any] = dict(
+            manifest=manifest.resolved_dict(),
+            manifest_dir=str(manifest.base_dir),
+            model_path=core.model.path,
+            gguf_file=core.model.gguf_file,
+            seed=core.run.seed,
+            total_steps=core.trainer.steps,
+        )
+        values.update(fields)
+        return cls(**values)

@@ -12,7 +12,7 @@ from rlcore.testing import isolated_registry
 
 def _sink(name, tmp_path, resume_step=None, **options):
     component = isolated_registry().get("metrics_sink", name)
-    context = BuildContext(run_dir=str(tmp_path), extras={"resume_step": resume_step, "total_steps": 3})
+    context = BuildContext(run_dir=str(tmp_path), resume_step=resume_step, total_steps=3)
     return component.build(options, context)
 
 

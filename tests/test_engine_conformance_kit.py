@@ -30,6 +30,8 @@ class LetterTokenizer:
 
 
 class NaiveEngine:
+    shares_actor = False
+
     def __init__(self, model, tokenizer=None, flaw: str | None = None):
         self.model, self.tokenizer, self.flaw = model, tokenizer, flaw
         self.asleep = False

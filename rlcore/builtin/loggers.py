@@ -34,7 +34,7 @@ def _run_dir(context) -> Path:
 
 
 def _resume_step(context) -> int | None:
-    return (getattr(context, "extras", None) or {}).get("resume_step")
+    return getattr(context, "resume_step", None)
 
 
 class ConsoleSink:
@@ -45,7 +45,7 @@ class ConsoleSink:
 
         self.every = options.every
         self.console = Console(highlight=False)
-        self.total = (getattr(context, "extras", None) or {}).get("total_steps")
+        self.total = getattr(context, "total_steps", None)
         self.curve: list[tuple[int, float]] = []
         self.val_curve: list[tuple[int, float]] = []
         self.progress = None

@@ -30,14 +30,9 @@ def build_server(manifest_path: str, overrides: list[str] | None = None, model_n
     resolved = load_manifest(manifest_path, list(overrides or []), registry=Registry.discover())
     cfg = resolved.core
     from rlcore.trainer import models
-
-    device = cfg.run.device
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     from rlcore.trainer.precision import resolve
 
+    device = models.resolve_device(cfg.run.device)
     compute_dtype = resolve(cfg.model, device).compute  # serving needs no float32 master
     tokenizer = models.load_tokenizer(cfg.model)
     selected = resolved.component("rollout.engine")
@@ -45,16 +40,7 @@ def build_server(manifest_path: str, overrides: list[str] | None = None, model_n
     if "actor_model" in selected.component.needs:
         actor = models.load_causal_lm(cfg.model, device, dtype=compute_dtype)
         actor.eval()
-    context = BuildContext(
-        manifest=resolved.resolved_dict(),
-        model_path=cfg.model.path,
-        gguf_file=cfg.model.gguf_file,
-        dtype=compute_dtype,
-        device=device,
-        seed=cfg.run.seed,
-        tokenizer=tokenizer,
-        actor=actor,
-    )
+    context = BuildContext.from_manifest(resolved, dtype=compute_dtype, device=device, tokenizer=tokenizer, actor=actor)
     engine = selected.component.build(selected.options, context)
     return create_app(
         engine,

@@ -317,7 +317,7 @@ def check_rollout_engine(
         return value
 
     if not isinstance(engine, RolloutEngine):
-        _fail("protocol", f"{type(engine).__name__} lacks generate/update_weights/sleep/wake_up")
+        _fail("protocol", f"{type(engine).__name__} lacks generate/update_weights/sleep/wake_up or the shares_actor flag")
     results["protocol"] = "passed"
     run("structure", lambda: check_structure(engine, prompts, vocab_size=vocab_size, max_new_tokens=max_new_tokens))
     run("max_new_tokens", lambda: check_max_new_tokens(engine, prompts))

@@ -77,6 +77,8 @@ class ScriptedEngine:
     the batch size of every ``generate`` call, so tests can check that a loop batches.
     """
 
+    shares_actor = False
+
     def __init__(self, tokenizer: Any, script: Script, logprob: float = -0.5, append_eos: bool = True):
         self.tokenizer = tokenizer
         self.script = script

@@ -33,6 +33,17 @@ def _explain_load_error(what: str, path: str, exc: Exception) -> UsageError:
     return UsageError(f"[model] path: cannot load the {what} from {path!r}: {type(exc).__name__}: {exc}")
 
 
+def resolve_device(setting: str) -> str:
+    """``[run] device``: "auto" is cuda when a CUDA device is available, else cpu."""
+    import torch
+
+    if setting == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise RlcoreError('[run] device = "cuda" but no CUDA device is available')
+    return setting
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("RLCORE_CACHE_DIR") or Path.home() / ".cache" / "rlcore")
 

@@ -81,7 +81,7 @@ def test_tool_loop_on_the_hf_engine_with_a_real_model(tok, model):
     engine = registry.get("rollout_engine", "hf").build({}, BuildContext(tokenizer=tok, actor=model, device="cpu"))
     tool = PythonTool(PythonToolOptions())
     loop = registry.get("agent_loop", "tool").build(
-        {"max_turns": 2, "tools_in_prompt": False}, BuildContext(tokenizer=tok, extras={"tools": {"python": tool}})
+        {"max_turns": 2, "tools_in_prompt": False}, BuildContext(tokenizer=tok, tools={"python": tool})
     )
     messages = [{"role": "user", "content": question("6 * 7")}]
     prompt = Prompt(token_ids=tok.encode(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False), messages=messages)

@@ -30,7 +30,7 @@ def prompt_for(tok, question: str, index: int = 0) -> Prompt:
 
 def build_loop(tok, available, **options):
     component = Registry.discover().get("agent_loop", "tool")
-    return component.build(options, BuildContext(tokenizer=tok, extras={"tools": available}))
+    return component.build(options, BuildContext(tokenizer=tok, tools=available))
 
 
 def call(code: str, name: str = "python") -> str:

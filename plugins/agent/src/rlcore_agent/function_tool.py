@@ -118,9 +118,5 @@ class FunctionTool:
 
 
 def build(options: FunctionToolOptions, context: Any) -> FunctionTool:
-    extras = getattr(context, "extras", None) or {}
-    base_dir = extras.get("manifest_dir")
-    if base_dir is None and getattr(context, "manifest", None):
-        base_dir = (context.manifest.get("_meta") or {}).get("manifest_dir") if isinstance(context.manifest, dict) else None
-    func = load_function(options.function, base_dir)
-    return FunctionTool(func, name=options.name or extras.get("tool_name"), description=options.description)
+    func = load_function(options.function, getattr(context, "manifest_dir", None))
+    return FunctionTool(func, name=options.name, description=options.description)

@@ -286,8 +286,8 @@ class ToolLoop:
 
 
 def build(options: ToolLoopOptions, context: Any) -> ToolLoop:
-    """Build the loop with ``context.tokenizer`` and the run's tools from ``context.extras["tools"]``."""
-    available: dict[str, Tool] = dict((getattr(context, "extras", None) or {}).get("tools") or {})
+    """Build the loop with ``context.tokenizer`` and the run's tools (``context.tools``)."""
+    available: dict[str, Tool] = dict(getattr(context, "tools", None) or {})
     tools: dict[str, Tool] = {}
     for key, tool in available.items():
         if getattr(tool, "takes_table_name", False):  # a function tool without an explicit name

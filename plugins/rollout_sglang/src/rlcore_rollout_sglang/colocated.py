@@ -51,6 +51,8 @@ class SGLangColocatedEngine:
 
     ``engine_factory`` replaces ``sglang.Engine`` (tests pass a fake shaped like it)."""
 
+    shares_actor = False  # it holds its own weights: the trainer sends them (update_weights)
+
     def __init__(self, options: SGLangOptions, context: BuildContext | None = None, *, engine_factory: Any = None):
         self.options = options
         self.tokenizer = (context or BuildContext()).tokenizer

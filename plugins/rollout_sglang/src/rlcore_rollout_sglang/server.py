@@ -40,6 +40,8 @@ OTHER_TAGS = ["kv_cache", "cuda_graph"]
 class SGLangServerEngine:
     """A :class:`rlcore.interfaces.RolloutEngine` over one or more running SGLang servers."""
 
+    shares_actor = False  # it holds its own weights: the trainer sends them (update_weights)
+
     def __init__(self, options: SGLangOptions, context: BuildContext | None = None):
         self.options = options
         self.pool = ServerPool.from_options(options, engine="SGLang", retry_on=(AbortedError,))

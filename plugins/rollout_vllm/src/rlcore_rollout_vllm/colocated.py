@@ -49,6 +49,8 @@ def _load_bucket(bucket, model) -> int:
 class VLLMColocatedEngine:
     """A :class:`rlcore.interfaces.RolloutEngine` around ``vllm.LLM``."""
 
+    shares_actor = False  # it holds its own weights: the trainer sends them (update_weights)
+
     def __init__(self, options: VLLMOptions, context: BuildContext | None = None):
         self.options = options
         self.version = compat.check_version()

@@ -29,6 +29,8 @@ from rlcore_rollout_vllm.weights import LoraSpec, proj_modules, with_base_layer
 class VLLMServerEngine:
     """A :class:`rlcore.interfaces.RolloutEngine` over one or more running vLLM servers."""
 
+    shares_actor = False  # it holds its own weights: the trainer sends them (update_weights)
+
     def __init__(self, options: VLLMOptions, context: BuildContext | None = None):
         self.options = options
         self.pool = ServerPool.from_options(options, engine="vLLM", rejoin=False)

@@ -1,0 +1,189 @@
+"""The actor role: the policy being trained.
+
+It owns the model (LoRA, compiled layers, FSDP shards, float32 masters under mixed precision), its
+optimizer and schedule, the log-probs of a batch under it (or under the reference, which shares
+its machinery), the policy update, and its weights as an engine that holds its own copy needs
+them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from loguru import logger
+
+from rlcore.algorithms.importance import correction_weights, merge_mismatch, mismatch_metrics, mismatch_sums, tis_weights
+from rlcore.interfaces import PolicyLossInput
+from rlcore.manifest.schema import Manifest, ModelTable
+from rlcore.trainer import compiling, models, precision
+from rlcore.trainer.batch import RolloutBatch, mask_totals, token_weights
+from rlcore.trainer.batching import Batching
+from rlcore.trainer.checkpoint import load_actor_weights
+from rlcore.trainer.distributed import Distributed, clip_grad_norm, fsdp_wrap, unsharded
+from rlcore.trainer.logprobs import TokenLogprobs, token_logprobs
+from rlcore.trainer.optim import adamw, train_temperature, warmup
+
+
+class Actor:
+    def __init__(self, cfg: Manifest, model_cfg: ModelTable, prec: precision.Precision, dist: Distributed, device: str,
+                 batching: Batching, checkpoint: Path | None):
+        self.cfg, self.dist, self.device, self.batching = cfg, dist, device, batching
+        module = models.load_causal_lm(model_cfg, device)
+        self.module = models.prepare_actor(module, model_cfg)
+        if checkpoint is not None:
+            load_actor_weights(self.module, checkpoint)
+        # Mixed precision: one process keeps float32 masters beside a compute-dtype module; FSDP2
+        # keeps float32 shards and gathers them in the compute dtype (precision.py).
+        self.masters = None
+        if prec.mixed and not dist.enabled:
+            self.masters = precision.MasterWeights(self.module, precision.torch_dtype(prec.compute))
+        compile_wanted = compiling.wanted(model_cfg.compile, device, dist.world)
+        compiling.enable_kernels(compile_wanted)
+        if compile_wanted:
+            layers = compiling.compile_decoder_layers(self.module)
+            logger.info("torch.compile: {} decoder layers and the log-prob head ([model] compile)", layers)
+        self.policy = TokenLogprobs(self.module)
+        if dist.enabled:
+            fsdp_wrap(self.policy, lambda model: self.dummy_forward(model), precision.fsdp_policy(prec))
+        # What the optimizer steps: the float32 masters, or the module's own trainable parameters.
+        self.params = self.masters.params if self.masters else [p for p in self.module.parameters() if p.requires_grad]
+        t = cfg.trainer
+        self.optimizer = adamw(self.params, t.lr, t.betas, t.weight_decay)
+        self.scheduler = warmup(self.optimizer, t.warmup_steps)
+
+    def dummy_forward(self, model=None) -> torch.Tensor:
+        """A forward whose loss is 0 but reaches every parameter (keeps ranks in step)."""
+        ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
+        one = torch.zeros(1, dtype=torch.long, device=self.device)
+        model = model if model is not None else self.policy
+        model = model if isinstance(model, TokenLogprobs) else TokenLogprobs(model)
+        lp, _ = model(ids, torch.arange(2, device=self.device).unsqueeze(0), one, one)
+        return lp.sum() * 0.0
+
+    @torch.no_grad()
+    def logprobs(self, batch: RolloutBatch, temperature: float, model=None) -> torch.Tensor:
+        """Log-probs of the batch's response tokens under ``model`` (default: the actor)."""
+        model = model if model is not None else self.policy
+        out = torch.zeros(batch.size, batch.width)
+        for micro in self.batching.micro_batches(batch):
+            if micro is None:
+                self.dummy_forward(model)
+                continue
+            lp, _ = token_logprobs(model, micro, train_temperature(temperature))
+            out[micro.rows] = micro.scatter(lp.float(), batch.width).cpu()
+        return out * batch.response_mask
+
+    def optimizer_step(self) -> None:
+        self.optimizer.step()
+        if self.masters is not None:
+            self.masters.publish()
+
+    def gathered(self):
+        """Inside: a sharded actor's parameters stay gathered (an engine generating with it)."""
+        return unsharded(self.policy)
+
+    def stored_weights(self):
+        """Inside: the module holds its weights as stored (the float32 masters), for checkpoints."""
+        return self.masters.full_precision() if self.masters is not None else contextlib.nullcontext()
+
+    def weights_for_engine(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The actor's weights under Hugging Face names (LoRA merged in), produced lazily: an
+        engine that shares the actor's parameters never iterates it."""
+        from rlcore.trainer.lora import merged_state
+
+        yield from merged_state(self.module)
+
+    def update(self, batch: RolloutBatch, temperature: float, has_old: bool, policy_loss, with_reference: bool) -> dict[str, float]:
+        """PPO epochs over mini-batches of ``batch``: one optimizer step each. ``has_old``: the batch
+        holds recomputed old log-probs (else the pass's own, detached, are the old ones)."""
+        algo, t = self.cfg.algorithm, self.cfg.trainer
+        optimizer = self.optimizer
+        sums: dict[str, list[float]] = defaultdict(list)
+        temperature = train_temperature(temperature)
+        need_entropy = True  # reported as actor/entropy even when it is not in the loss
+        gap = None  # the rollout/trainer log-prob gap, measured on this pass when old log-probs were not recomputed
+        for _ in range(algo.ppo_epochs):
+            for rows in self.batching.mini_batches(batch):
+                optimizer.zero_grad(set_to_none=True)
+                mask_rows = batch.response_mask[rows]
+                tokens, sequences = mask_totals(mask_rows)
+                totals = (self.dist.sum(tokens), self.dist.sum(sequences))
+                weights_all = token_weights(mask_rows, algo.loss_agg_mode, totals)
+                row_pos = {r: i for i, r in enumerate(rows)}
+                # Metrics stay on the device until the mini-batch ends: a read-back per micro-batch
+                # would stall the GPU between its forward and backward passes.
+                acc: dict[str, Any] = defaultdict(float)
+                for micro in self.batching.micro_batches(batch, rows):
+                    if micro is None:
+                        self.dummy_forward().backward()
+                        continue
+                    lp, ent = token_logprobs(self.policy, micro, temperature, with_entropy=need_entropy,
+                                             entropy_grad=algo.entropy_coef > 0)
+                    logprobs = micro.scatter(lp, batch.width)
+                    entropy = micro.scatter(ent, batch.width)
+                    dev = logprobs.device
+                    sel = micro.rows
+                    mask = batch.response_mask[sel].to(dev)
+                    weights = weights_all[[row_pos[r] for r in sel]].to(dev)
+                    old = batch.tensors["old_logprobs"][sel].to(dev) if has_old else logprobs.detach()
+                    rollout_lp = batch.rollout_logprobs[sel].to(dev)
+                    pg, pg_metrics = policy_loss(
+                        PolicyLossInput(
+                            logprobs=logprobs,
+                            old_logprobs=old,
+                            advantages=batch.tensors["advantages"][sel].to(dev),
+                            response_mask=mask,
+                            rollout_logprobs=rollout_lp,
+                        )
+                    )
+                    share = weights.sum()  # this micro-batch's share of the mini-batch
+                    if not has_old:
+                        gap = merge_mismatch(gap, mismatch_sums(old, rollout_lp, mask))
+                    if algo.tis_cap is not None:
+                        pg = pg * tis_weights(old, rollout_lp, algo.tis_cap, mask)
+                    elif algo.rollout_correction != "none":
+                        lower = algo.rollout_is_threshold_lower or 1.0 / algo.rollout_is_threshold
+                        correction, correction_stats = correction_weights(
+                            old, rollout_lp, mask, algo.rollout_correction, algo.rollout_is_threshold, lower
+                        )
+                        pg = pg * correction
+                        for key, value in correction_stats.items():
+                            acc[key] += value * share
+                    loss = (pg * weights).sum()
+                    acc["actor/pg_loss"] += loss.detach()
+                    if algo.entropy_coef > 0:
+                        loss = loss - algo.entropy_coef * (entropy * weights).sum()
+                    if with_reference and not algo.kl_in_reward:
+                        from rlcore.algorithms.kl import kl_penalty
+
+                        ref = batch.tensors["ref_logprobs"][sel].to(dev)
+                        kl_loss = (kl_penalty(logprobs, ref, algo.kl_estimator) * weights).sum()
+                        loss = loss + algo.kl_coef * kl_loss
+                        acc["actor/kl_loss"] += kl_loss.detach()
+                    # FSDP averages gradients over ranks; the weights already normalise globally.
+                    (loss * self.dist.world).backward()
+                    acc["actor/entropy"] += (entropy.detach() * weights).sum()
+                    for key, value in pg_metrics.items():
+                        acc[f"actor/{key}"] += (value.detach() if torch.is_tensor(value) else value) * share
+                # Each rank holds its share of every sum; add them up.
+                acc = {k: self.dist.sum(float(v)) for k, v in sorted(acc.items())}
+                grad_norm = clip_grad_norm(self.params, t.grad_clip, self.dist)
+                if math.isfinite(grad_norm):
+                    self.optimizer_step()
+                else:
+                    logger.warning("non-finite gradient norm; the update is skipped")
+                    sums["actor/skipped_updates"].append(1.0)
+                acc["actor/grad_norm"] = grad_norm
+                for key, value in acc.items():
+                    sums[key].append(value)
+        self.scheduler.step()
+        out = {k: sum(v) / len(v) for k, v in sums.items()}
+        if gap is not None:
+            out.update(mismatch_metrics(gap))
+        return out
+

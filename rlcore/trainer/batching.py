@@ -1,0 +1,33 @@
+"""How a step's batch is cut for the passes: mini-batches (one optimizer step each) along prompt
+groups, packed micro-batches (one forward/backward each), and the padding that keeps ranks in step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from rlcore.trainer.batch import MicroBatch, RolloutBatch, pack
+from rlcore.trainer.distributed import Distributed
+
+
+class Batching:
+    def __init__(self, dist: Distributed, device: str, micro_batch_tokens: int, mini_batches: int):
+        self.dist, self.device = dist, device
+        self.micro_batch_tokens, self.mini_batch_count = micro_batch_tokens, mini_batches
+
+    def micro_batches(self, batch: RolloutBatch, rows=None) -> list[MicroBatch | None]:
+        """Packed micro-batches of ``rows``; with several ranks, padded with ``None`` (a dummy
+        forward) to the largest count, since every sharded forward is a collective."""
+        rows = range(batch.size) if rows is None else rows
+        micro: list[MicroBatch | None] = list(pack(batch, list(rows), self.micro_batch_tokens, self.device))
+        return micro + [None] * (self.dist.max(len(micro)) - len(micro))
+
+    def mini_batches(self, batch: RolloutBatch) -> list[list[int]]:
+        """Split rows into mini-batches along prompt groups, so a group stays together."""
+        groups = defaultdict(list)
+        for row, g in enumerate(batch.group_ids.tolist()):
+            groups[g].append(row)
+        ordered = [groups[g] for g in sorted(groups)]
+        per = math.ceil(len(ordered) / self.mini_batch_count)
+        return [sum(ordered[i : i + per], []) for i in range(0, len(ordered), per)]

@@ -1,0 +1,101 @@
+"""The critic role (PPO's GAE): a value model of its own, trained beside the actor."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import defaultdict
+
+import torch
+
+from rlcore.manifest.schema import Manifest, ModelTable
+from rlcore.trainer import precision
+from rlcore.trainer.batch import RolloutBatch
+from rlcore.trainer.batching import Batching
+from rlcore.trainer.distributed import Distributed, clip_grad_norm, fsdp_wrap
+from rlcore.trainer.optim import adamw, warmup
+
+
+class Critic:
+    def __init__(self, cfg: Manifest, model_cfg: ModelTable, prec: precision.Precision, dist: Distributed, device: str,
+                 batching: Batching):
+        from rlcore.algorithms.value import CriticModel
+
+        self.cfg, self.dist, self.device, self.batching = cfg, dist, device, batching
+        self.module = CriticModel.from_pretrained(
+            model_cfg.path, gguf_file=model_cfg.gguf_file, torch_dtype=precision.torch_dtype(prec.storage)
+        ).to(device)
+        self.masters = None
+        if prec.mixed and not dist.enabled:
+            self.masters = precision.MasterWeights(self.module, precision.torch_dtype(prec.compute))
+        if dist.enabled:
+            fsdp_wrap(self.module, lambda model: self.dummy_forward(), precision.fsdp_policy(prec))
+        if model_cfg.gradient_checkpointing:
+            self.module.gradient_checkpointing_enable()
+        self.params = self.masters.params if self.masters else [p for p in self.module.parameters() if p.requires_grad]
+        # torch's AdamW default weight decay (0.01), as the critic has always had.
+        self.optimizer = adamw(self.params, cfg.critic.lr, cfg.trainer.betas, weight_decay=0.01)
+        self.scheduler = warmup(self.optimizer, cfg.critic.warmup_steps)
+
+    def dummy_forward(self) -> torch.Tensor:
+        """A forward whose loss is 0 but reaches every parameter (keeps ranks in step)."""
+        ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
+        return self.module(input_ids=ids).float().sum() * 0.0
+
+    @torch.no_grad()
+    def values(self, batch: RolloutBatch) -> torch.Tensor:
+        out = torch.zeros(batch.size, batch.width)
+        for micro in self.batching.micro_batches(batch):
+            if micro is None:
+                self.dummy_forward()
+                continue
+            values = self.module(input_ids=micro.input_ids, position_ids=micro.position_ids)[0][micro.select]
+            out[micro.rows] = micro.scatter(values.float(), batch.width).cpu()
+        return out * batch.response_mask
+
+    def optimizer_step(self) -> None:
+        self.optimizer.step()
+        if self.masters is not None:
+            self.masters.publish()
+
+    def stored_weights(self):
+        return self.masters.full_precision() if self.masters is not None else contextlib.nullcontext()
+
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        """Clipped value-loss steps over the same mini-batches as the actor's."""
+        from rlcore.algorithms.value import clipped_value_loss
+
+        c, algo = self.cfg.critic, self.cfg.algorithm
+        optimizer = self.optimizer
+        sums: dict[str, list[float]] = defaultdict(list)
+        for _ in range(algo.ppo_epochs):
+            for rows in self.batching.mini_batches(batch):
+                optimizer.zero_grad(set_to_none=True)
+                total = 0.0
+                clip_fracs = []
+                tokens = max(self.dist.sum(float(batch.response_mask[rows].sum())), 1.0)
+                for micro in self.batching.micro_batches(batch, rows):
+                    if micro is None:
+                        self.dummy_forward().backward()
+                        continue
+                    values = self.module(input_ids=micro.input_ids, position_ids=micro.position_ids)[0][micro.select]
+                    sel = micro.rows
+                    values = micro.scatter(values.float(), batch.width)
+                    dev = values.device
+                    mask = batch.response_mask[sel].to(dev)
+                    loss, vm = clipped_value_loss(
+                        values, batch.tensors["values"][sel].to(dev), batch.tensors["returns"][sel].to(dev),
+                        mask, c.value_clip, "token-mean",
+                    )
+                    share = float(mask.sum()) / tokens
+                    (loss * share * c.value_coef * self.dist.world).backward()
+                    total += float(loss.detach()) * share
+                    clip_fracs.append(float(vm.get("critic/vf_clipfrac", 0.0)) * share)
+                grad_norm = clip_grad_norm(self.params, self.cfg.trainer.grad_clip, self.dist)
+                if math.isfinite(grad_norm):
+                    self.optimizer_step()
+                sums["critic/vf_loss"].append(self.dist.sum(total))
+                sums["critic/vf_clipfrac"].append(self.dist.sum(sum(clip_fracs)))
+                sums["critic/grad_norm"].append(grad_norm)
+        self.scheduler.step()
+        return {k: sum(v) / len(v) for k, v in sums.items()}

@@ -1,0 +1,28 @@
+"""The rollout role: the engine and the agent loop that drives it, woken for a rollout and put to
+sleep after it (colocated engines free their caches while the trainer runs)."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from rlcore.interfaces import AgentLoop, Prompt, RolloutEngine, SamplingParams, Trajectory
+
+
+class Rollout:
+    def __init__(self, engine: RolloutEngine, agent: AgentLoop, actor):
+        self.engine, self.agent, self.actor = engine, agent, actor
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Trajectory]:
+        self.engine.wake_up()
+        module = self.actor.module
+        was_training = module.training
+        try:
+            with self.actor.gathered():
+                return self.agent.run(prompts, self.engine, params)
+        finally:
+            module.train(was_training)
+            self.engine.sleep()
+
+    def sync(self, named_tensors: Iterable) -> None:
+        """Give the engine the actor's new weights (a no-op for an engine that shares them)."""
+        self.engine.update_weights(named_tensors)
