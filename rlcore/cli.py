@@ -111,12 +111,24 @@ def _driver_document(manifest) -> dict[str, Any]:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
+    from rlcore.registry import target_path
+
     registry = _registry(args)
+    commands: dict[str, list] = {}
+    if args.verbose:  # asking plugins for their commands may import their CLI modules
+        for command in registry.commands():
+            commands.setdefault(command.plugin, []).append(command)
     infos = registry.plugin_infos()
     conflicts = registry.conflicts()
     if args.json:
+        plugins = []
+        for info in infos:
+            entry = info.as_dict(verbose=args.verbose)
+            if args.verbose:
+                entry["commands"] = {c.name: target_path(c.run) for c in commands.get(info.name, [])}
+            plugins.append(entry)
         payload = {
-            "plugins": [i.as_dict() for i in infos],
+            "plugins": plugins,
             "conflicts": [{"kind": k, "name": n, "providers": p} for (k, n), p in conflicts.items()],
         }
         print(json.dumps(payload, indent=2))
@@ -131,6 +143,17 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         status = {"ok": "[green]ok[/]", "broken": "[red]broken[/]", "disabled": "[dim]disabled[/]"}[info.status]
         table.add_row(info.name, info.distribution, info.version, status, _escape(provides or info.error))
     console().print(table)
+    if args.verbose:  # each name with the code behind it
+        code = Table(title="components and commands", show_lines=False)
+        for column in ("kind", "name", "factory / command function", "plugin"):
+            code.add_column(column, overflow="fold")
+        for info in infos:
+            for kind, names in info.components.items():
+                for name in names:
+                    code.add_row(kind, name, _escape(info.factories.get(kind, {}).get(name, "?")), info.name)
+            for command in commands.get(info.name, []):
+                code.add_row("command", command.name, _escape(target_path(command.run)), info.name)
+        console().print(code)
     for info in infos:
         if info.status == "broken":
             console().print(f"[red]broken:[/] {info.name} ({info.distribution} {info.version}): {_escape(info.error)}")
@@ -167,7 +190,10 @@ def _add_manifest_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser(registry=None) -> argparse.ArgumentParser:
+def build_parser(registry=None, command_name: str | None = None) -> argparse.ArgumentParser:
+    """The parser: the core commands, and those of ``registry`` (hook ``rlcore_commands``; rlcore's
+    own ``data`` and ``serve`` among them) when one is given. ``command_name`` names the one
+    registered command whose arguments to add (and whose configure to import); None adds all."""
     parser = argparse.ArgumentParser(prog="rlcore", description="RL post-training for LLMs from one TOML manifest.")
     parser.add_argument("--version", action="version", version=f"rlcore {__version__}")
     parser.add_argument("--no-plugins", action="store_true", help="ignore external plugins (also RLCORE_NO_PLUGINS=1)")
@@ -187,7 +213,10 @@ def build_parser(registry=None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("plugins", help="list installed plugins and their components")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument(
+        "--verbose", "-v", action="store_true", help="also show where each component's factory (and each command) lives"
+    )
     p.set_defaults(func=cmd_plugins)
 
     p = sub.add_parser("schema", help="print a JSON Schema of the manifest, installed plugins included")
@@ -198,50 +227,52 @@ def build_parser(registry=None) -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true")
     p.set_defaults(func=cmd_init)
 
-    for name, help_text, target in _core_commands():
-        p = sub.add_parser(name, help=help_text)
-        _mount(p, target)
-
     if registry is not None:
         for command in registry.commands():
             if command.name in sub.choices:
-                continue
-            p = sub.add_parser(command.name, help=command.help)
-            if command.configure is not None:
-                command.configure(p)
-            p.set_defaults(func=_plugin_runner(command))
+                continue  # core commands, then the first registration (builtins come first), win
+            _add_command(sub, command, configure=command_name is None or command_name == command.name)
     return parser
 
 
-def _core_commands() -> list[tuple[str, str, str]]:
-    """Core sub-commands implemented in their own modules: (name, help, "module")."""
-    return [
-        ("data", "prepare datasets (GSM8K conversion, synthetic tasks)", "rlcore.data.cli"),
-        ("serve", "serve a manifest's rollout engine as an OpenAI-compatible endpoint", "rlcore.serve.cli"),
-    ]
-
-
-def _mount(parser: argparse.ArgumentParser, module_name: str) -> None:
-    import importlib
-
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        parser.set_defaults(func=lambda args, _e=exc: _unavailable(module_name, _e))
+def _add_command(sub, command, *, configure: bool) -> None:
+    """A sub-parser for a :class:`~rlcore.components.Command`. Its arguments are added only when
+    ``configure`` (the command is the one being run): a ``"module:function"`` configure is
+    imported then. If that import fails, the command takes any arguments (see main) and reports
+    the failure when run; the rest of the command line keeps working."""
+    parser = sub.add_parser(command.name, help=command.help)
+    parser.set_defaults(func=_command_runner(command))
+    if not configure:
         return
-    module.configure(parser)
-    parser.set_defaults(func=module.run)
+    try:
+        configure_fn = command.load_configure()
+    except RlcoreError as exc:
+        parser.set_defaults(func=lambda args, _e=exc: _unavailable(command, _e), any_arguments=True)
+        return
+    if configure_fn is not None:
+        configure_fn(parser)
 
 
-def _unavailable(module_name: str, exc: Exception) -> int:
-    raise RlcoreError(f"this command is unavailable: {module_name} failed to import ({exc})")
+def _unavailable(command, exc: Exception) -> int:
+    where = f" (from {command.distribution})" if command.distribution and command.distribution != "rlcore" else ""
+    raise RlcoreError(f"the {command.name!r} command{where} is unavailable: {exc}")
 
 
-def _plugin_runner(command):
+def _command_runner(command):
     def run(args: argparse.Namespace) -> int:
-        return int(command.load_run()(args) or 0)
+        try:
+            function = command.load_run()
+        except RlcoreError as exc:
+            _unavailable(command, exc)
+        return int(function(args) or 0)
 
     return run
+
+
+def _command_name(argv: Sequence[str]) -> str:
+    """The sub-command in ``argv`` ("" if none): the first word that is not an option (rlcore's own
+    options take no values)."""
+    return next((arg for arg in argv if not arg.startswith("-")), "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -254,8 +285,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from rlcore.registry import Registry
 
             registry = Registry.discover(external="--no-plugins" not in argv)
-        parser = build_parser(registry)
-        args = parser.parse_args(argv)
+        parser = build_parser(registry, _command_name(argv))
+        args, extra = parser.parse_known_args(argv)
+        if extra and not getattr(args, "any_arguments", False):
+            parser.error("unrecognized arguments: " + " ".join(extra))  # as parse_args does
         if not getattr(args, "func", None):
             parser.print_help()
             return 2

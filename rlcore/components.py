@@ -105,12 +105,40 @@ class Component:
 
 @dataclass(frozen=True)
 class Command:
-    """An extra ``rlcore`` sub-command contributed by a plugin (hook ``rlcore_commands``)."""
+    """An extra ``rlcore`` sub-command (hook ``rlcore_commands``); rlcore's own ``data`` and
+    ``serve`` are registered this way too.
+
+    name:      the sub-command, ``rlcore <name>``.
+    help:      one line for ``rlcore --help``.
+    run:       ``run(args) -> int`` (an exit code), or ``"package.module:function"``.
+    configure: ``configure(parser)`` adds the command's arguments to its argparse parser; a
+               callable, ``"package.module:function"`` or None. A string is imported only when
+               that command's parser is built (when the command is invoked or asked for its
+               help), so registering a command imports nothing.
+    distribution, plugin: filled in by the registry, never by the plugin.
+    """
 
     name: str
     help: str
     run: str | Callable[..., int]
-    configure: Callable[..., None] | None = None
+    configure: str | Callable[..., None] | None = None
+    distribution: str = ""
+    plugin: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"command name must be a non-empty string, got {self.name!r}")
+        for field_name in ("run", "configure"):
+            value = getattr(self, field_name)
+            if field_name == "configure" and value is None:
+                continue
+            if not (callable(value) or (isinstance(value, str) and ":" in value)):
+                raise TypeError(
+                    f"command {self.name!r}: {field_name} must be a callable or 'module:function', got {value!r}"
+                )
+
+    def stamped(self, **where: str) -> "Command":
+        return replace(self, **where)
 
     def load_run(self) -> Callable[..., int]:
         if callable(self.run):
@@ -118,3 +146,11 @@ class Command:
         from rlcore.targets import load_target
 
         return load_target(self.run, what="command")[0]
+
+    def load_configure(self) -> Callable[..., None] | None:
+        """The ``configure`` function, imported now if it was named by a string."""
+        if self.configure is None or callable(self.configure):
+            return self.configure
+        from rlcore.targets import load_target
+
+        return load_target(self.configure, what="function", source="command")[0]

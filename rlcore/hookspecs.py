@@ -25,6 +25,10 @@ The factory is imported only when a run builds the component and is called as
 :class:`rlcore.interfaces.BuildContext`. What it returns must satisfy the protocol for
 its kind in :mod:`rlcore.interfaces`. Hooks take no arguments today; arguments added
 later will be optional to declare, as pluggy allows.
+
+Each hook's example below is a first-party plugin's real record (tests/test_plugin_docs.py checks
+them against the registry); ``rlcore plugins --verbose`` shows where every installed component's
+factory lives.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ def rlcore_rollout_engines() -> list:
     Selected by ``[rollout] engine = "<name>"``; the engine's own options are the other
     keys of ``[rollout]`` that the core does not define.
 
-    Example: ``Component(name="hf", factory="rlcore_rollout_hf.engine:build", options=HFOptions,
+    Example: ``Component(name="hf", factory="rlcore_rollout_hf.engine:build", options=HFEngineOptions,
     needs={"actor_model", "tokenizer"})``.
     """
 
@@ -57,7 +61,8 @@ def rlcore_advantage_estimators() -> list:
     Selected by ``[algorithm] advantage = "<name>"``. Declare ``needs={"critic"}`` when the
     estimator uses ``AdvantageInput.values``; the trainer then builds a critic.
 
-    Example: ``Component(name="grpo", factory="rlcore_algo_grpo.estimators:grpo", options=GRPOOptions)``.
+    Example: ``Component(name="grpo", factory="rlcore_algo_grpo.estimators:build_grpo", options=GRPOOptions,
+    needs={"groups"})``.
     """
 
 
@@ -68,7 +73,7 @@ def rlcore_policy_losses() -> list:
     Selected by ``[algorithm] policy_loss = "<name>"``. The trainer aggregates the per-token
     loss by ``[algorithm] loss_agg_mode`` and adds KL and entropy terms itself.
 
-    Example: ``Component(name="ppo_clip", factory="rlcore.algorithms.losses:ppo_clip", options=PPOClipOptions)``.
+    Example: ``Component(name="ppo_clip", factory="rlcore.algorithms.losses:build_ppo_clip", options=PPOClipOptions)``.
     """
 
 
@@ -124,7 +129,7 @@ def rlcore_metrics_sinks() -> list:
     Enabled by ``[trainer] loggers = ["console", "jsonl", ...]``; a sink's options live in
     ``[loggers.<name>]``.
 
-    Example: ``Component(name="wandb", factory="rlcore.builtin.loggers:wandb_sink", options=WandbOptions)``.
+    Example: ``Component(name="wandb", factory="rlcore.builtin.loggers:wandb", options=WandbOptions)``.
     """
 
 
@@ -133,9 +138,12 @@ def rlcore_commands() -> list:
     """Extra ``rlcore`` sub-commands: a list of :class:`rlcore.components.Command` records.
 
     ``configure(parser)`` adds the command's arguments to its argparse parser; ``run(args)``
-    (or ``"module:function"``) returns an exit code. Raise :class:`rlcore.errors.RlcoreError`
-    for expected failures.
+    returns an exit code. Name both as ``"module:function"`` strings (or pass callables): a
+    string is imported only when that command runs or shows its help, so registering stays
+    light, and a module that fails to import makes only its own command report the error.
+    Raise :class:`rlcore.errors.RlcoreError` for expected failures. rlcore's own ``data`` and
+    ``serve`` commands are registered this way (:mod:`rlcore.builtin`).
 
-    Example: ``Command(name="jobs", help="list or cancel rlcore's SLURM jobs",
-    configure=add_jobs_arguments, run="rlcore_launcher_slurm.cli:jobs")``.
+    Example: ``Command(name="jobs", help="list rlcore's SLURM jobs, or cancel one",
+    configure="rlcore_launcher_slurm.cli:configure", run="rlcore_launcher_slurm.cli:run")``.
     """

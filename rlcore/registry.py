@@ -27,6 +27,8 @@ ENTRY_POINT_GROUP = "rlcore"
 BUILTIN_MODULES = ("rlcore.builtin",)
 
 # Names that first-party distributions provide, so an unknown name can say what to install.
+# Kept by hand (an uninstalled plugin cannot be asked); tests/test_first_party.py checks that it
+# equals exactly what plugins/*/ register.
 FIRST_PARTY: dict[tuple[str, str], str] = {
     ("rollout_engine", "hf"): "rlcore-rollout-hf",
     ("rollout_engine", "vllm"): "rlcore-rollout-vllm",
@@ -58,9 +60,11 @@ class PluginInfo:
     error: str = ""
     builtin: bool = False
     components: dict[str, list[str]] = field(default_factory=dict)
+    # kind -> name -> where the factory lives ("package.module:attr"), for `rlcore plugins --verbose`
+    factories: dict[str, dict[str, str]] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
+    def as_dict(self, verbose: bool = False) -> dict[str, Any]:
+        out = {
             "name": self.name,
             "distribution": self.distribution,
             "version": self.version,
@@ -69,6 +73,19 @@ class PluginInfo:
             "builtin": self.builtin,
             "components": self.components,
         }
+        if verbose:
+            out["factories"] = self.factories
+        return out
+
+
+def target_path(target: Any) -> str:
+    """Where a factory or command function lives: a ``"module:attr"`` string as given, or a
+    callable's ``module:qualname``."""
+    if isinstance(target, str):
+        return target
+    named = target if hasattr(target, "__qualname__") else type(target)
+    module = getattr(named, "__module__", None) or "?"
+    return f"{module}:{getattr(named, '__qualname__', repr(target))}"
 
 
 class Registry:
@@ -171,6 +188,7 @@ class Registry:
         self._conflicts = {}
         for info in self.plugins.values():
             info.components = {}
+            info.factories = {}
         for kind, (hook_name, _) in KINDS.items():
             hook = getattr(self.pm.hook, hook_name)
             # In registration order: builtins first, then entry points.
@@ -189,6 +207,7 @@ class Registry:
                         kind=kind, distribution=info.distribution, version=info.version, plugin=info.name
                     )
                     info.components.setdefault(kind, []).append(record.name)
+                    info.factories.setdefault(kind, {})[record.name] = target_path(record.factory)
                     existing = self._components[kind].get(record.name)
                     if existing is not None:
                         providers = self._conflicts.setdefault((kind, record.name), [existing.provider])
@@ -217,9 +236,10 @@ class Registry:
         return list(self.plugins.values())
 
     def commands(self) -> list[Command]:
-        """Sub-commands contributed by plugins (hook ``rlcore_commands``)."""
+        """Sub-commands from hook ``rlcore_commands``, builtins (``data``, ``serve``) first, each
+        stamped with its plugin and distribution. A hook that fails marks its plugin broken."""
         found: list[Command] = []
-        for impl in self.pm.hook.rlcore_commands.get_hookimpls():
+        for impl in self.pm.hook.rlcore_commands.get_hookimpls():  # in registration order
             info = self.plugins.get(impl.plugin_name)
             if info is None or info.status != "ok":
                 continue
@@ -230,7 +250,7 @@ class Registry:
             except Exception as exc:  # noqa: BLE001
                 info.status, info.error = "broken", f"rlcore_commands() failed: {type(exc).__name__}: {exc}"
                 continue
-            found.extend(records)
+            found.extend(r.stamped(distribution=info.distribution, plugin=info.name) for r in records)
         return found
 
     def get(self, kind: str, name: str) -> Component:

@@ -12,7 +12,7 @@ from rlcore.builtin.options import (
     TensorboardOptions,
     WandbOptions,
 )
-from rlcore.components import Component
+from rlcore.components import Command, Component
 from rlcore.hookspecs import hookimpl
 
 
@@ -71,4 +71,23 @@ def rlcore_reward_functions():
             options=PythonRewardOptions,
             description='a user function named as "python:file.py:function"',
         )
+    ]
+
+
+@hookimpl
+def rlcore_commands():
+    # Named by strings: nothing is imported until the command is invoked (or asked for its help).
+    return [
+        Command(
+            name="data",
+            help="prepare datasets (GSM8K conversion, synthetic tasks)",
+            configure="rlcore.data.cli:configure",
+            run="rlcore.data.cli:run",
+        ),
+        Command(
+            name="serve",
+            help="serve a manifest's rollout engine as an OpenAI-compatible endpoint",
+            configure="rlcore.serve.cli:configure",
+            run="rlcore.serve.cli:run",
+        ),
     ]
