@@ -103,9 +103,12 @@ def _driver_document(manifest) -> dict[str, Any]:
     if core.data.val:
         doc["data"]["val"] = core.data.val
     doc.setdefault("run", {})["output_dir"] = core.run.output_dir
-    reward = manifest.selected.get("reward.function")
-    if reward is not None and reward.component.name == "python" and str(doc["reward"].get("function", "")).startswith("python:"):
-        doc["reward"]["function"] = "python:" + reward.options.target
+    for role, chosen in manifest.selected.items():  # NAME:TARGET names, with the target made absolute
+        table, _, field = role.partition(".")
+        option = chosen.component.target_option
+        written = doc.get(table, {}).get(field) if isinstance(doc.get(table), dict) else None
+        if option and isinstance(written, str) and written.startswith(f"{chosen.component.name}:"):
+            doc[table][field] = f"{chosen.component.name}:{getattr(chosen.options, option)}"
     doc["launcher"] = {"name": "local"}
     return doc
 

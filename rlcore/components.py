@@ -52,6 +52,13 @@ class Component:
                  manifest keys. Validated by ``rlcore validate`` without calling the factory.
     description: one line for ``rlcore plugins``.
     needs:       roles the component requires, e.g. ``{"critic"}`` for GAE.
+    target_option: the option a manifest may give inline as ``NAME:TARGET``, where TARGET names
+                 code (``FILE.py:FUNCTION`` relative to the manifest, or ``package.module:FUNCTION``):
+                 the builtin ``python`` reward declares ``"target"``, so ``function =
+                 "python:rewards.py:score"`` selects it with ``target = "rewards.py:score"``.
+    selected_by: an option whose presence in a ``[tools.NAME]`` (or ``[loggers.NAME]``) table
+                 selects this component when NAME itself is not a registered one: the ``function``
+                 tool declares ``"function"``, so ``[tools.calculator] function = "..."`` uses it.
     kind, distribution, version: filled in by the registry, never by the plugin.
     """
 
@@ -60,6 +67,8 @@ class Component:
     options: type[BaseModel] = NoOptions
     description: str = ""
     needs: frozenset[str] = field(default_factory=frozenset)
+    target_option: str = ""
+    selected_by: str = ""
     kind: str = ""
     distribution: str = ""
     version: str = ""
@@ -75,6 +84,9 @@ class Component:
         if not (isinstance(self.options, type) and issubclass(self.options, BaseModel)):
             raise TypeError(f"component {self.name!r}: options must be a pydantic model class")
         object.__setattr__(self, "needs", frozenset(self.needs))
+        for option in (self.target_option, self.selected_by):
+            if option and option not in self.options.model_fields:
+                raise TypeError(f"component {self.name!r}: {option!r} is not one of its options")
         unknown = self.needs - KNOWN_NEEDS
         if unknown:
             raise TypeError(

@@ -69,6 +69,7 @@ def rlcore_reward_functions():
             name="python",
             factory="rlcore.builtin.python_reward:build_python_reward",
             options=PythonRewardOptions,
+            target_option="target",
             description='a user function named as "python:file.py:function"',
         )
     ]

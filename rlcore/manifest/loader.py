@@ -346,30 +346,34 @@ def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry
 def _lookup(
     registry: Registry, kind: str, name: str, base_dir: Path, col: _Collector, key: str, options: dict | None = None
 ) -> tuple[Component | None, dict[str, Any]]:
-    """Find a component. A reward named ``python:file.py:function`` maps to the builtin ``python``
-    reward; a ``[tools.NAME]`` table with a ``function`` key maps to the ``function`` tool."""
-    seed: dict[str, Any] = {}
-    lookup_name = name
-    if name.startswith("python:") and kind == "reward_function":
-        target = name.removeprefix("python:")
+    """Find a component. ``NAME:TARGET`` selects a component that declares a ``target_option``
+    (the builtin ``python`` reward); a table of a name nobody registered selects the component
+    whose ``selected_by`` option it sets (the ``function`` tool). Returns the component and the
+    options the name itself gave."""
+    known = registry.components(kind)
+    prefix, sep, target = name.partition(":")
+    inline = known.get(prefix) if sep else None
+    if inline is not None and inline.target_option:
         file_part, sep, func = target.rpartition(":")
         if not sep or not file_part or not func:
-            col.add(key, f"expected 'python:FILE.py:FUNCTION' or 'python:package.module:FUNCTION', got {name!r}")
-            return None, seed
+            col.add(key, f"expected '{prefix}:FILE.py:FUNCTION' or '{prefix}:package.module:FUNCTION', got {name!r}")
+            return None, {}
         if file_part.endswith(".py"):
             file_path = Path(file_part) if Path(file_part).is_absolute() else base_dir / file_part
             if not file_path.is_file():
-                col.add(key, f"python file {str(file_path)!r} does not exist")
-                return None, seed
+                col.add(key, f"{prefix} file {str(file_path)!r} does not exist")
+                return None, {}
             file_part = str(file_path)
-        lookup_name, seed = "python", {"target": f"{file_part}:{func}"}
-    elif kind == "tool" and options and "function" in options and name not in registry.components(kind):
-        lookup_name = "function"
+        return inline, {inline.target_option: f"{file_part}:{func}"}
+    if name not in known and options:
+        chosen = [c for c in known.values() if c.selected_by and c.selected_by in options]
+        if len(chosen) == 1:
+            return chosen[0], {}
     try:
-        return registry.get(kind, lookup_name), seed
+        return registry.get(kind, name), {}
     except RlcoreError as exc:
         col.add(key, str(exc))
-        return None, seed
+        return None, {}
 
 
 def _validate_table_options(

@@ -33,6 +33,7 @@ def rlcore_tools():
         Component(
             name="function",
             factory="rlcore_agent.function_tool:build",
+            selected_by="function",
             options=FunctionToolOptions,
             description='a plain typed Python function, named by [tools.NAME] function = "python:file.py:func"',
         ),
