@@ -51,9 +51,6 @@ def check_resolved(manifest: ResolvedManifest) -> list[str]:
         message = check_data_spec(spec)
         if message:
             problem(key, message)
-    for role, selected in manifest.selected.items():
-        if "critic" in selected.component.needs and core.critic is None:
-            problem("critic", f"{role} = {selected.component.name!r} needs a critic; add a [critic] table")
     if problems:
         raise ManifestError(problems)
     return warnings

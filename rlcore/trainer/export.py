@@ -29,21 +29,3 @@ def export_model(actor, tokenizer, target: str | Path) -> Path:
     os.replace(tmp, target)
     logger.info("exported the model to {}", target)
     return target
-
-
-def export_checkpoint(checkpoint: str | Path, target: str | Path, base_model: str | None = None) -> Path:
-    """Export a checkpoint directory: a full-model checkpoint is copied, a LoRA one merged into its base."""
-    checkpoint = Path(checkpoint)
-    model_dir = checkpoint / "model" if (checkpoint / "model").is_dir() else checkpoint
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if (model_dir / "adapter_config.json").exists():
-        from peft import AutoPeftModelForCausalLM
-
-        actor = AutoPeftModelForCausalLM.from_pretrained(model_dir)
-    else:
-        from transformers import AutoModelForCausalLM
-
-        actor = AutoModelForCausalLM.from_pretrained(model_dir)
-    return export_model(actor, tokenizer, target)
