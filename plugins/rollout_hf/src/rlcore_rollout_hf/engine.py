@@ -169,14 +169,19 @@ class HFRolloutEngine:
         if self._asleep:
             return
         self._asleep = True
+        released = False
         if self.fast is not None and self._release_cache_on_sleep():
             self.fast.release()
-        gc.collect()
+            released = True
         if self.options.offload_weights and not self.shares_actor and self.device.type != "cpu":
             self.model.to("cpu")
-            self._offloaded = True
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+            self._offloaded = released = True
+        # Only when something was let go: a full gc.collect() took 0.1-0.2 s a step, and emptying
+        # torch's cache makes the trainer allocate again what it could have reused.
+        if released:
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
 
     def _release_cache_on_sleep(self) -> bool:
         mode = self.options.release_cache_on_sleep
