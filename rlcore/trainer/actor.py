@@ -8,7 +8,6 @@ them.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -29,7 +28,7 @@ from rlcore.trainer.logprobs import TokenLogprobs, token_logprobs
 from rlcore.trainer.optim import adamw, train_temperature, warmup
 
 
-class Actor:
+class Actor(precision.TrainedRole):
     def __init__(self, cfg: Manifest, model_cfg: ModelTable, prec: precision.Precision, dist: Distributed, device: str,
                  batching: Batching, checkpoint: Path | None):
         self.cfg, self.dist, self.device, self.batching = cfg, dist, device, batching
@@ -65,31 +64,16 @@ class Actor:
         lp, _ = model(ids, torch.arange(2, device=self.device).unsqueeze(0), one, one)
         return lp.sum() * 0.0
 
-    @torch.no_grad()
     def logprobs(self, batch: RolloutBatch, temperature: float, model=None) -> torch.Tensor:
         """Log-probs of the batch's response tokens under ``model`` (default: the actor)."""
         model = model if model is not None else self.policy
-        out = torch.zeros(batch.size, batch.width)
-        for micro in self.batching.micro_batches(batch):
-            if micro is None:
-                self.dummy_forward(model)
-                continue
-            lp, _ = token_logprobs(model, micro, train_temperature(temperature))
-            out[micro.rows] = micro.scatter(lp.float(), batch.width).cpu()
-        return out * batch.response_mask
-
-    def optimizer_step(self) -> None:
-        self.optimizer.step()
-        if self.masters is not None:
-            self.masters.publish()
+        temperature = train_temperature(temperature)
+        return self.batching.per_token(batch, lambda micro: token_logprobs(model, micro, temperature)[0],
+                                       lambda: self.dummy_forward(model))
 
     def gathered(self):
         """Inside: a sharded actor's parameters stay gathered (an engine generating with it)."""
         return unsharded(self.policy)
-
-    def stored_weights(self):
-        """Inside: the module holds its weights as stored (the float32 masters), for checkpoints."""
-        return self.masters.full_precision() if self.masters is not None else contextlib.nullcontext()
 
     def weights_for_engine(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The actor's weights under Hugging Face names (LoRA merged in), produced lazily: an

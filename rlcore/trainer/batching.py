@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from typing import Callable
+
+import torch
 
 from rlcore.trainer.batch import MicroBatch, RolloutBatch, pack
 from rlcore.trainer.distributed import Distributed
@@ -31,3 +34,17 @@ class Batching:
         ordered = [groups[g] for g in sorted(groups)]
         per = math.ceil(len(ordered) / self.mini_batch_count)
         return [sum(ordered[i : i + per], []) for i in range(0, len(ordered), per)]
+
+    @torch.no_grad()
+    def per_token(self, batch: RolloutBatch, compute: Callable[[MicroBatch], torch.Tensor],
+                  dummy: Callable[[], object]) -> torch.Tensor:
+        """``compute(micro)`` (one value per selected token) over every micro-batch, scattered
+        into a [B, T] CPU tensor, 0 outside the response mask; ``dummy()`` stands in for the
+        micro-batches another rank has more of."""
+        out = torch.zeros(batch.size, batch.width)
+        for micro in self.micro_batches(batch):
+            if micro is None:
+                dummy()
+                continue
+            out[micro.rows] = micro.scatter(compute(micro).float(), batch.width).cpu()
+        return out * batch.response_mask

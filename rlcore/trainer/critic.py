@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections import defaultdict
 
@@ -16,7 +15,7 @@ from rlcore.trainer.distributed import Distributed, clip_grad_norm, fsdp_wrap
 from rlcore.trainer.optim import adamw, warmup
 
 
-class Critic:
+class Critic(precision.TrainedRole):
     def __init__(self, cfg: Manifest, model_cfg: ModelTable, prec: precision.Precision, dist: Distributed, device: str,
                  batching: Batching):
         from rlcore.algorithms.value import CriticModel
@@ -42,24 +41,11 @@ class Critic:
         ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
         return self.module(input_ids=ids).float().sum() * 0.0
 
-    @torch.no_grad()
     def values(self, batch: RolloutBatch) -> torch.Tensor:
-        out = torch.zeros(batch.size, batch.width)
-        for micro in self.batching.micro_batches(batch):
-            if micro is None:
-                self.dummy_forward()
-                continue
-            values = self.module(input_ids=micro.input_ids, position_ids=micro.position_ids)[0][micro.select]
-            out[micro.rows] = micro.scatter(values.float(), batch.width).cpu()
-        return out * batch.response_mask
-
-    def optimizer_step(self) -> None:
-        self.optimizer.step()
-        if self.masters is not None:
-            self.masters.publish()
-
-    def stored_weights(self):
-        return self.masters.full_precision() if self.masters is not None else contextlib.nullcontext()
+        return self.batching.per_token(
+            batch, lambda micro: self.module(input_ids=micro.input_ids, position_ids=micro.position_ids)[0][micro.select],
+            self.dummy_forward,
+        )
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         """Clipped value-loss steps over the same mini-batches as the actor's."""

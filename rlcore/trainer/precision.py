@@ -123,6 +123,23 @@ class MasterWeights:
         self._hooks.clear()
 
 
+class TrainedRole:
+    """What a trained role (the actor, the critic) does around its optimizer: step the float32
+    masters and publish them into the module, and hold the weights as stored for checkpoints."""
+
+    masters: MasterWeights | None
+    optimizer: torch.optim.Optimizer
+
+    def optimizer_step(self) -> None:
+        self.optimizer.step()
+        if self.masters is not None:
+            self.masters.publish()
+
+    def stored_weights(self):
+        """Inside: the module holds its weights as stored (the float32 masters), for checkpoints."""
+        return self.masters.full_precision() if self.masters is not None else contextlib.nullcontext()
+
+
 def _accumulate_into(master: torch.nn.Parameter):
     def hook(param: torch.Tensor) -> None:
         grad = param.grad
