@@ -38,6 +38,10 @@ def score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
+# --precision -> ([model] dtype, [model] compute_dtype): what is stored, what is computed.
+PRECISIONS = {"mixed": ("float32", "bfloat16"), "float32": ("float32", "float32"), "bf16": ("bfloat16", "bfloat16")}
+
+
 def build_model(target: Path, tokenizer_dir: Path, shape: str, dtype: str) -> None:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
@@ -59,7 +63,8 @@ name = "bench"
 seed = 1
 [model]
 path = "{model_dir}"
-dtype = "{args.dtype}"
+dtype = "{PRECISIONS[args.precision][0]}"
+compute_dtype = "{PRECISIONS[args.precision][1]}"
 [data]
 train = "synthetic:addition?digits=2&size=4096&seed=0&split=train"
 prompts_per_step = {args.prompts}
@@ -111,7 +116,9 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--tokenizer", type=Path, required=True)
     parser.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(SHAPES))
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--precision", default="mixed", choices=sorted(PRECISIONS),
+                        help="mixed = float32 weights and optimizer state, bf16 compute (the CUDA default); "
+                        "float32; bf16 = bf16 weights, no master (does not learn at RL learning rates)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--response-tokens", type=int, default=128)
@@ -120,7 +127,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     model_dir = args.out / f"model-{args.shape}"
     if not (model_dir / "config.json").exists():
-        build_model(model_dir, args.tokenizer, args.shape, args.dtype)
+        build_model(model_dir, args.tokenizer, args.shape, PRECISIONS[args.precision][0])
     path = manifest(model_dir, args.out, args)
     results = {}
     for ranks in (1, args.gpus):
@@ -128,7 +135,7 @@ def main() -> None:
         wall = run(path, run_dir, ranks)
         results[ranks] = (wall, rows(run_dir))
     one, many = results[1][1], results[args.gpus][1]
-    print(f"\nGRPO-style step, {args.shape} ({args.dtype}), {args.prompts} prompts x {args.response_tokens} tokens, greedy")
+    print(f"\nGRPO-style step, {args.shape} ({args.precision}), {args.prompts} prompts x {args.response_tokens} tokens, greedy")
     print(f"{'step':>4} {'score 1':>9} {'score N':>9} {'pg_loss 1':>11} {'pg_loss N':>11} {'gnorm 1':>9} {'gnorm N':>9} {'step_s 1':>9} {'step_s N':>9}")
     for a, b in zip(one, many):
         print(f"{a['step']:>4} {a['critic/score/mean']:>9.4f} {b['critic/score/mean']:>9.4f} {a['actor/pg_loss']:>11.3e} "
