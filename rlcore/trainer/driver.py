@@ -12,6 +12,7 @@ from loguru import logger
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.manifest.loader import ResolvedManifest
 from rlcore.trainer.checkpoint import Checkpointer, write_atomic_text
+from rlcore.trainer.stopping import Stopped
 
 
 def prepare_run_dir(manifest: ResolvedManifest, run_dir: Path, resume: bool) -> None:
@@ -49,6 +50,14 @@ def run_driver(manifest: ResolvedManifest, run_dir: str | Path, resume: bool = F
         return 0
     except RlcoreError:
         raise
+    except Stopped as stop:
+        if stop.checkpoint is not None:
+            logger.warning("stopped by {} after step {}; checkpoint written: {} (rlcore run --resume continues)",
+                           stop.name, trainer.step, stop.checkpoint)
+        else:
+            logger.warning("stopped at once by a second {}; rlcore run --resume continues from the last checkpoint in {}",
+                           stop.name, run_dir)
+        return 128 + stop.signum
     except KeyboardInterrupt:
         logger.warning("interrupted; the last checkpoint in {} is intact (rlcore run --resume continues)", run_dir)
         return 130

@@ -34,6 +34,7 @@ from rlcore.trainer.distributed import Distributed, combine_metrics
 from rlcore.trainer.rollout import Rollout
 from rlcore.trainer.scheduler import Colocated
 from rlcore.trainer.scoring import Scorer
+from rlcore.trainer.stopping import Stopped, StopRequest
 
 
 class Timer:
@@ -219,27 +220,34 @@ class RLTrainer:
     # ------------------------------------------------------------------ the loop
 
     def fit(self) -> None:
-        t = self.cfg.trainer
         try:
-            if self.step == 0 and t.eval_before_train and self.val_set is not None:
-                self._log(self.evaluate(), self.step)
-            while self.step < t.steps:
-                metrics = self.train_step()
-                self.step += 1
-                self._log(metrics, self.step)
-                last = self.step == t.steps
-                if self.val_set is not None and (last or (t.eval_every and self.step % t.eval_every == 0)):
-                    self._log(self.evaluate(), self.step)
-                if last or (t.save_every and self.step % t.save_every == 0):
-                    self.save()
-            if t.export_final:
-                self.export(self.run_dir / "export")
+            with StopRequest() as stop:
+                self._fit(stop)
         finally:
             for sink in getattr(self, "sinks", []):
                 sink.close()
             if hasattr(self, "scorer"):
                 self.scorer.close()
             self.dist.close()
+
+    def _fit(self, stop: StopRequest) -> None:
+        t = self.cfg.trainer
+        if self.step == 0 and t.eval_before_train and self.val_set is not None:
+            self._log(self.evaluate(), self.step)
+        while self.step < t.steps:
+            metrics = self.train_step()
+            self.step += 1
+            self._log(metrics, self.step)
+            signum = stop.agreed(self.dist)
+            if signum:  # SIGTERM or SIGUSR1: keep what this step learnt, then stop (stopping.py)
+                raise Stopped(signum, self.save())
+            last = self.step == t.steps
+            if self.val_set is not None and (last or (t.eval_every and self.step % t.eval_every == 0)):
+                self._log(self.evaluate(), self.step)
+            if last or (t.save_every and self.step % t.save_every == 0):
+                self.save()
+        if t.export_final:
+            self.export(self.run_dir / "export")
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         for sink in self.sinks:
