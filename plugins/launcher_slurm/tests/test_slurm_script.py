@@ -92,7 +92,7 @@ def test_multi_node_head_and_workers(slurm_launcher, launch_request, capsys):
     workers = out.index('for node in "${RLCORE_NODES[@]:1}"')
     worker = out.index('start --address="$RAY_ADDRESS" --node-ip-address="$ip"')
     join_all = out.index('then wait_for_ray "${#RLCORE_NODES[@]}"')
-    driver = out.index('in_job "${RLCORE_DRIVER[@]}"')
+    driver = out.index('"${RLCORE_WRAP[@]}" "${RLCORE_DRIVER[@]}" &')
     assert head < workers < worker < join_all < driver
     assert 'on_node "$RLCORE_HEAD"' in out and 'on_node "$node"' in out
     assert "srun --nodes=1 --ntasks=1 --overlap -w \"$node\"" in out

@@ -14,9 +14,13 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from rlcore.testing.runs import TINY_RUN, deep_update
+from rlcore.testing import require_plugins
+from rlcore.testing.runs import TINY_RUN, TINY_RUN_PLUGINS, deep_update
 
 from rlcore_launcher_slurm import slurm
+
+# Every test here runs TINY_RUN, whose components come from plugins this one does not depend on.
+require_plugins(*TINY_RUN_PLUGINS)
 
 
 def tiny_manifest(directory: Path, model: Path, steps: int = 2, **launcher) -> Path:
@@ -113,3 +117,33 @@ def test_two_nodes_start_a_ray_cluster_before_the_driver(slurm_cluster, tmp_path
     assert out.index("Ray: 2 of 2") < out.index("[rlcore] driver on rlcore1")
     assert re.search(r"^step 1/1 \|", out, re.M)
     assert f"job {job} COMPLETED" in out
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_signal_ahead_of_the_time_limit_checkpoints_the_step(slurm_cluster, tmp_path, tiny_model_dir):
+    """What `#SBATCH --signal=B:USR1@N` delivers ahead of the time limit, sent now with scancel:
+    the batch shell hands it to the driver, which finishes its step, checkpoints and stops."""
+    import time
+
+    manifest = tiny_manifest(tmp_path, tiny_model_dir, steps=200, nodes=1, ray="off", cpus_per_task=1, time="10")
+    run_dir = tmp_path / "out"
+    follower = subprocess.Popen([sys.executable, "-m", "rlcore", "run", str(manifest), "--run-dir", str(run_dir),
+                                 "--set", "trainer.save_every=0"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and follower.poll() is None:
+        if metrics.exists() and '"actor/pg_loss"' in metrics.read_text():
+            break
+        time.sleep(0.2)
+    assert follower.poll() is None, follower.communicate()[0]
+    job = next(j.job_id for j in slurm.list_jobs() if j.name == "rlcore-slurm-e2e")
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
+    out, _ = follower.communicate(timeout=300)
+    assert "#SBATCH --signal=B:USR1@120" in (run_dir / "launch" / "slurm.sbatch").read_text()
+    assert "[rlcore] USR1 received" in out, out
+    assert "[rlcore] driver exited with status 138" in out, out
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if '"actor/pg_loss"' in line]
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{steps[-1]:06d}"
+    assert follower.returncode != 0

@@ -49,6 +49,11 @@ class SlurmOptions(Options):
         None, ge=1024, le=65535, description="the Ray head's GCS port (default: derived from the job id, to avoid clashes)"
     )
     ray_join_timeout: float = Field(300.0, gt=0, le=7200, description="seconds to wait for every node to join Ray")
+    stop_signal_s: int = Field(
+        120, ge=0, le=86400,
+        description="seconds before the time limit when SLURM sends the job SIGUSR1 (sbatch --signal=B:USR1@N), "
+        "so the driver finishes its step and writes a checkpoint; 0 leaves only SLURM's SIGTERM at the limit",
+    )
     sbatch_extra: list[str] = Field(
         default_factory=list, description='extra sbatch options, one per item: "--qos=high" or "#SBATCH --qos=high"'
     )

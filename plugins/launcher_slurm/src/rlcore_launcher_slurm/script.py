@@ -113,6 +113,10 @@ def render(
         lines.append(_directive("--account", options.account))
     if options.time:
         lines.append(_directive("--time", options.time))
+    if options.stop_signal_s:
+        # Ahead of the time limit the batch shell gets SIGUSR1 and hands it to the driver, which
+        # finishes its step and checkpoints (rlcore/trainer/stopping.py); `--resume` continues.
+        lines.append(_directive("--signal", f"B:USR1@{options.stop_signal_s}"))
     lines += [
         _directive("--output", log_file(run_dir)),
         _directive("--chdir", run_dir),
@@ -156,9 +160,21 @@ def render(
         "# The driver runs here, in the batch step on the first node.",
         f"RLCORE_DRIVER=({_q(driver)})",
         'echo "[rlcore] driver on ${RLCORE_NODES[0]}: ${RLCORE_DRIVER[*]}"',
+        "# In the background, so that a signal to this shell (SLURM's USR1 ahead of the time limit, its",
+        "# TERM at the limit or on preemption) reaches the driver, which then checkpoints and stops.",
         "set +e",
-        'in_job "${RLCORE_DRIVER[@]}"',
-        "status=$?",
+        '"${RLCORE_WRAP[@]}" "${RLCORE_DRIVER[@]}" &',
+        "RLCORE_DRIVER_PID=$!",
+        'forward() { echo "[rlcore] $1 received: the driver finishes its step, writes a checkpoint and stops"; kill -s "$1" "$RLCORE_DRIVER_PID" 2>/dev/null; }',
+        "trap 'forward USR1' USR1",
+        "trap 'forward TERM' TERM",
+        'while true; do',
+        '  wait "$RLCORE_DRIVER_PID"; status=$?',
+        '  if ! kill -0 "$RLCORE_DRIVER_PID" 2>/dev/null; then',
+        '    wait "$RLCORE_DRIVER_PID" 2>/dev/null; reaped=$?; [ "$reaped" -ne 127 ] && status=$reaped',
+        "    break",
+        "  fi",
+        "done",
         "set -e",
         'echo "[rlcore] driver exited with status $status"',
         'exit "$status"',
