@@ -126,6 +126,38 @@ def test_ctrl_c_cancels_the_job(slurm_cluster, tmp_path, slow_python):
     assert wait_for(lambda: slurm.job_status(job).state == "CANCELLED", 30, "the job to be cancelled")
 
 
+def test_sigterm_stops_following_and_says_the_job_keeps_running(slurm_cluster, tmp_path, slow_python):
+    """SIGTERM to `rlcore run` while it follows a job stops only the following, and says so."""
+    script = tmp_path / "follow.py"
+    script.write_text(textwrap.dedent(f"""
+        from rlcore.interfaces import LaunchRequest
+        from rlcore_launcher_slurm.launcher import build
+        from rlcore_launcher_slurm.options import SlurmOptions
+        launcher = build(SlurmOptions(python={str(slow_python)!r}, poll_interval=0.5, job_name="sigterm"))
+        request = LaunchRequest(manifest_path="m.toml", resolved_manifest={{"run": {{"name": "x"}}}}, run_dir={str(tmp_path / 'run')!r})
+        raise SystemExit(launcher.launch(request))
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    job = None
+    try:
+        wait_for(lambda: any("slow interpreter" in line for line in lines), 60, "the job's log to stream")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 128 + signal.SIGTERM
+        reader.join(5)
+        out = "".join(lines)
+        job = job_id_in(out)
+        assert f"job {job} keeps running" in out and f"rlcore jobs cancel {job}" in out
+        assert slurm.job_status(job).state == "RUNNING"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if job is not None:
+            slurm.cancel(job)
+
+
 @pytest.mark.slow
 def test_time_limit_is_reported_as_timeout(slurm_cluster, slurm_launcher, launch_request, slow_python, capsys):
     """SLURM counts time limits in whole minutes and checks them periodically: this takes 1-2 minutes."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -54,9 +56,11 @@ class SlurmLauncher:
         return self.follow(job_id, log)
 
     def follow(self, job_id: str, log: str | Path) -> int:
-        """Stream the job's log until the job ends; Ctrl-C cancels the job."""
+        """Stream the job's log until the job ends; Ctrl-C cancels the job; SIGTERM stops only the
+        following (the job is SLURM's: it keeps running, and this says so)."""
         follower = LogFollower(log)
         last_state = last_reason = ""
+        previous = _on_sigterm(job_id, log)
         try:
             failing_since: float | None = None
             while True:
@@ -95,6 +99,11 @@ class SlurmLauncher:
             slurm.cancel(job_id)
             _say(f"job {job_id} cancelled")
             return 130
+        except _FollowerStopped:
+            return 128 + signal.SIGTERM
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
         # The log may be written a moment after the state changes (a shared filesystem's delay).
         time.sleep(min(1.0, self.options.poll_interval))
         follower.poll(final=True)
@@ -104,6 +113,24 @@ class SlurmLauncher:
         else:
             _say(f"error: {status.describe()}; log: {log}")
         return code
+
+
+class _FollowerStopped(Exception):
+    pass
+
+
+def _on_sigterm(job_id: str, log: str | Path):
+    """Say what a SIGTERM to the follower means before it stops following; returns the previous
+    handler (None outside the main thread, where signals cannot be caught)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum, frame):
+        _say(f"the follower got SIGTERM and stops following; job {job_id} keeps running (log: {log}). "
+             f"`rlcore jobs` lists it, `rlcore jobs cancel {job_id}` stops it.")
+        raise _FollowerStopped()
+
+    return signal.signal(signal.SIGTERM, stop)
 
 
 def build(options: SlurmOptions, context=None) -> SlurmLauncher:
