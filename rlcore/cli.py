@@ -87,7 +87,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     selected = manifest.component("launcher.name")
     launcher = selected.component.build(selected.options, manifest)
-    return int(launcher.launch(request) or 0)
+    code = int(launcher.launch(request) or 0)
+    if args.dry_run:  # what the launcher would do, then whether the run directory would refuse it
+        from rlcore.launching import run_dir_problems
+
+        problems = run_dir_problems(run_dir, args.resume)
+        if problems:
+            raise UsageError("\n  ".join(["the run would be refused:", *problems]))
+    return code
 
 
 def _driver_document(manifest) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """What every launcher shares: the manifest a remote driver runs, the command that runs it, the
-driver itself (for a launcher that starts ranks in its own workers), and the run's checkpoints.
-A launcher plugin needs nothing else of rlcore's internals (docs/architecture.md, "The plugin API").
+driver itself (for a launcher that starts ranks in its own workers), the run's checkpoints, and
+whether a run on a run directory would be refused (:func:`run_dir_problems`: another live run holds
+it, or it holds checkpoints without ``--resume``). A launcher plugin needs nothing else of rlcore's
+internals (docs/architecture.md, "The plugin API").
 
 A launcher that starts the driver elsewhere (a Ray job, a SLURM allocation) writes the manifest
 with every override applied and paths made absolute, switched to the ``local`` launcher so the
@@ -15,6 +17,12 @@ from pathlib import Path
 import tomli_w
 
 from rlcore.interfaces import LaunchRequest
+from rlcore.rundir import RunDirLock, lock_holder, run_dir_problems
+
+__all__ = [
+    "RunDirLock", "driver_command", "driver_manifest_path", "latest_checkpoint", "lock_holder", "run_dir_problems",
+    "run_driver_manifest", "write_driver_manifest",
+]
 
 
 def driver_manifest_path(request: LaunchRequest, directory: str | Path | None = None) -> Path:
@@ -53,10 +61,8 @@ def run_driver_manifest(manifest_file: str | Path, run_dir: str | Path, resume: 
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The run's latest complete checkpoint, or None (also where the trainer's stack, torch
-    included, is not installed, as on a job client)."""
-    try:
-        from rlcore.trainer.checkpoint import Checkpointer
-    except ImportError:
-        return None
-    return Checkpointer(run_dir).latest()
+    """The run's latest intact checkpoint (complete, and its files' checksums verified), or None.
+    Needs no torch."""
+    from rlcore.trainer.checkpoint import Checkpointer
+
+    return Checkpointer(run_dir).latest_intact()

@@ -5,24 +5,38 @@ into place; the ``latest`` pointer is replaced atomically afterwards. A run kill
 therefore leaves either the previous checkpoint or the new one, never a half-written one.
 The actor is saved with ``save_pretrained`` (adapters only with LoRA), so a checkpoint's ``model``
 directory is also a plain Hugging Face directory.
+
+Each checkpoint records the size and SHA-256 of every file in ``checksums.json``, written (atomically)
+before ``trainer_state.json``, whose presence marks the checkpoint complete. Resuming verifies them
+and falls back to the newest intact checkpoint, saying which file was bad; checkpoints written
+before checksums existed are taken as they are. A save that fails (a full disk) removes its
+temporary directory and leaves the previous checkpoint in place.
+
+Importing this module does not import torch (``rlcore run --dry-run`` and launchers look for
+checkpoints through it).
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
 from loguru import logger
 
 from rlcore.errors import RlcoreError
 
+if TYPE_CHECKING:
+    import torch
+
 STATE_FILE = "trainer_state.json"
+CHECKSUMS_FILE = "checksums.json"  # {"files": {relative path: {"size": bytes, "sha256": hex}}}
+_NO_SPACE = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
 
 
 def _fsync_dir(path: Path) -> None:
@@ -38,15 +52,79 @@ def _fsync_dir(path: Path) -> None:
 
 def write_atomic_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync_dir(path.parent)
 
 
+def file_digest(path: Path) -> dict[str, Any]:
+    """``{"size": bytes, "sha256": hex}`` of one file."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return {"size": size, "sha256": h.hexdigest()}
+
+
+def _digests(root: Path, skip: set[str] = frozenset()) -> dict[str, dict[str, Any]]:
+    """The digests of the files under ``root`` (paths relative to it, "/"-separated), but ``skip``."""
+    out = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        if rel not in skip and rel not in (STATE_FILE, CHECKSUMS_FILE):
+            out[rel] = file_digest(path)
+    return out
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """What is wrong with the complete checkpoint ``path`` (naming the bad file), or None when it is
+    intact: its state file parses and every file ``checksums.json`` lists has the recorded size
+    and SHA-256. A checkpoint without ``checksums.json`` (written before they existed) counts as
+    intact when its state file parses."""
+    try:
+        json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"{path / STATE_FILE} is unreadable ({exc})"
+    listing = path / CHECKSUMS_FILE
+    if not listing.exists():
+        return None
+    try:
+        files = json.loads(listing.read_text(encoding="utf-8"))["files"]
+        expected = {str(rel): (int(d["size"]), str(d["sha256"])) for rel, d in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"{listing} is unreadable ({type(exc).__name__}: {exc})"
+    for rel, (size, sha256) in expected.items():
+        file = path / rel
+        try:
+            actual = file.stat().st_size
+        except OSError:
+            return f"{file} is missing"
+        if actual != size:
+            return f"{file} has {actual} bytes, {size} when saved (truncated or overwritten)"
+    for rel, (size, sha256) in expected.items():
+        file = path / rel
+        try:
+            digest = file_digest(file)["sha256"]
+        except OSError as exc:
+            return f"{file} is unreadable ({exc})"
+        if digest != sha256:
+            return f"{file} is corrupt (its SHA-256 differs from the one recorded when it was saved)"
+    return None
+
+
 def rng_state() -> dict[str, Any]:
+    import numpy as np
+    import torch
+
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -54,6 +132,9 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -64,12 +145,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
 class Checkpointer:
     def __init__(self, run_dir: str | Path, keep: int = 2):
         self.root = Path(run_dir) / "checkpoints"
-        self.keep = keep
+        self.keep = max(1, keep)
 
     def save(self, step: int, *, actor, tokenizer, optimizers: dict[str, Any], schedulers: dict[str, Any],
              modules: dict[str, torch.nn.Module], state: dict[str, Any], dist=None) -> Path:
         """Write a checkpoint. With several ranks every rank calls this: rank 0 writes the full
-        model, each rank its own optimizer shard and RNG state."""
+        model, each rank its own optimizer shard and RNG state (and the checksums of its files).
+        A rank's failure to write (a full disk) is agreed on by all ranks: the temporary directory
+        is removed, the previous checkpoint stays, and every rank raises :class:`RlcoreError`."""
+        import torch
+
         from rlcore.trainer.distributed import Distributed, full_state_dict
 
         dist = dist or Distributed()
@@ -82,44 +167,137 @@ class Checkpointer:
         dist.barrier()
         model_state = full_state_dict(actor) if dist.enabled else None
         module_states = {n: full_state_dict(m) if dist.enabled else m.state_dict() for n, m in modules.items()}
+        own = [f"optimizers-rank{dist.rank}.pt", f"rng-rank{dist.rank}.pt"]
+        try:
+            failure, digests = None, {}
+            try:
+                if dist.is_main:
+                    actor.save_pretrained(tmp / "model", safe_serialization=True,
+                                          **({"state_dict": model_state} if dist.enabled else {}))
+                    tokenizer.save_pretrained(tmp / "model")
+                    for name, module_state in module_states.items():
+                        torch.save(module_state, tmp / f"{name}.pt")
+                    torch.save({k: s.state_dict() for k, s in schedulers.items()}, tmp / "schedulers.pt")
+                torch.save({k: o.state_dict() for k, o in optimizers.items()}, tmp / own[0])
+                torch.save(rng_state(), tmp / own[1])
+                if dist.is_main:  # everything but the other ranks' own files
+                    others = {f"{kind}-rank{r}.pt" for r in range(1, dist.world) for kind in ("optimizers", "rng")}
+                    digests = _digests(tmp, skip=others)
+                else:
+                    digests = {rel: file_digest(tmp / rel) for rel in own}
+            except OSError as exc:
+                failure = self._describe_failure(exc, final)
+            results = dist.gather((digests, failure))  # also the barrier: every rank has written
+            self._raise_failures([f for _, f in results], dist)
+            if dist.is_main:
+                try:
+                    files = {rel: d for part, _ in results for rel, d in part.items()}
+                    write_atomic_text(tmp / CHECKSUMS_FILE, json.dumps({"files": files}, indent=1, sort_keys=True))
+                    # The state file is written last: its presence marks a complete checkpoint.
+                    write_atomic_text(tmp / STATE_FILE, json.dumps({**state, "step": step}, indent=2))
+                    _fsync_dir(tmp)
+                    if final.exists():
+                        shutil.rmtree(final)
+                    os.replace(tmp, final)
+                    _fsync_dir(self.root)
+                except OSError as exc:
+                    failure = self._describe_failure(exc, final)
+                else:
+                    try:
+                        write_atomic_text(self.root / "latest", final.name)
+                    except OSError as exc:  # the checkpoint is complete; resuming finds it without the pointer
+                        logger.warning("checkpoint {} is complete, but {} could not be updated: {}",
+                                       final, self.root / "latest", exc)
+            self._raise_failures(dist.gather(failure), dist)  # rank 0's outcome, for every rank
+        except BaseException:
+            if dist.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if dist.is_main:
-            actor.save_pretrained(tmp / "model", safe_serialization=True, **({"state_dict": model_state} if dist.enabled else {}))
-            tokenizer.save_pretrained(tmp / "model")
-            for name, module_state in module_states.items():
-                torch.save(module_state, tmp / f"{name}.pt")
-            torch.save({k: s.state_dict() for k, s in schedulers.items()}, tmp / "schedulers.pt")
-        torch.save({k: o.state_dict() for k, o in optimizers.items()}, tmp / f"optimizers-rank{dist.rank}.pt")
-        torch.save(rng_state(), tmp / f"rng-rank{dist.rank}.pt")
-        dist.barrier()
-        if dist.is_main:
-            # The state file is written last: its presence marks a complete checkpoint.
-            write_atomic_text(tmp / STATE_FILE, json.dumps({**state, "step": step}, indent=2))
-            _fsync_dir(tmp)
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            _fsync_dir(self.root)
-            write_atomic_text(self.root / "latest", final.name)
-            self._prune()
+            self._prune(final)
             logger.info("checkpoint saved: {}", final)
         dist.barrier()
         return final
 
-    def _prune(self) -> None:
-        done = sorted(p for p in self.root.glob("step_*") if (p / STATE_FILE).exists())
-        for old in done[: -self.keep]:
+    def _raise_failures(self, failures: list[str | None], dist) -> None:
+        said = [f"rank {r}: {f}" if dist.enabled else f for r, f in enumerate(failures) if f]
+        if not said:
+            return
+        if dist.is_main:  # rank 0 removes the partial checkpoint (see save) and names what is kept
+            previous = self.latest_intact(quiet=True)
+            kept = f"the previous checkpoint {previous} is kept" if previous else "no earlier checkpoint exists"
+            said.append(f"the partial checkpoint was removed and {kept}; free space, then rlcore run --resume continues")
+        raise RlcoreError("; ".join(said))
+
+    @staticmethod
+    def _describe_failure(exc: OSError, final: Path) -> str:
+        where = f" ({exc.filename})" if exc.filename else ""
+        if exc.errno in _NO_SPACE:
+            return f"{_NO_SPACE[exc.errno]} while writing checkpoint {final}{where}"
+        return f"could not write checkpoint {final}{where}: {exc.strerror or exc}"
+
+    def _prune(self, current: Path) -> None:
+        """Keep ``current`` (just written and verified by construction) and the ``keep - 1``
+        checkpoints before it; checkpoints after it (left by a run that resumed from an earlier one
+        because they were damaged) wait to be overwritten. Never removes ``current``."""
+        older = [p for p in self.complete() if p.name < current.name]
+        for old in older[: max(0, len(older) - (self.keep - 1))]:
             shutil.rmtree(old, ignore_errors=True)
         for stale in self.root.glob(".tmp-step_*"):
             shutil.rmtree(stale, ignore_errors=True)
 
-    def latest(self) -> Path | None:
+    def complete(self) -> list[Path]:
+        """The complete checkpoints (their state file written), oldest first; intact or not."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p for p in self.root.glob("step_*") if (p / STATE_FILE).exists())
+
+    def _candidates(self) -> list[Path]:
+        """Complete checkpoints, newest first, the one ``latest`` points to leading."""
+        done = self.complete()[::-1]
         pointer = self.root / "latest"
-        if pointer.exists():
-            candidate = self.root / pointer.read_text(encoding="utf-8").strip()
-            if (candidate / STATE_FILE).exists():
-                return candidate
-        done = sorted(p for p in self.root.glob("step_*") if (p / STATE_FILE).exists())
-        return done[-1] if done else None
+        try:
+            named = self.root / pointer.read_text(encoding="utf-8").strip() if pointer.exists() else None
+        except OSError:
+            named = None
+        if named is not None and named in done:
+            done.remove(named)
+            done.insert(0, named)
+        return done
+
+    def _newest_intact(self, warn: bool) -> tuple[Path | None, list[str]]:
+        """The newest intact checkpoint (or None) and what was wrong with each newer one."""
+        candidates = self._candidates()
+        problems = []
+        for i, candidate in enumerate(candidates):
+            problem = verify_checkpoint(candidate)
+            if problem is None:
+                return candidate, problems
+            problems.append(f"{candidate.name}: {problem}")
+            if warn:
+                then = ("falling back to the previous intact checkpoint" if i + 1 < len(candidates)
+                        else "no earlier checkpoint is left")
+                logger.warning("checkpoint {} is damaged: {}; {}", candidate, problem, then)
+        return None, problems
+
+    def latest_intact(self, quiet: bool = False) -> Path | None:
+        """The newest intact checkpoint (the one ``latest`` points to first), or None. Each damaged
+        one passed over is named in a warning (unless ``quiet``) with its bad file."""
+        return self._newest_intact(warn=not quiet)[0]
+
+    def latest(self) -> Path | None:
+        """The checkpoint to resume from: the newest intact one (see :meth:`latest_intact`), or None
+        when there is no complete checkpoint. Raises :class:`RlcoreError` naming each damaged
+        checkpoint's bad file when there are complete checkpoints but none is intact."""
+        found, problems = self._newest_intact(warn=True)
+        if found is not None and problems:
+            logger.warning("resuming from {}, the newest intact checkpoint", found)
+        if found is not None or not problems:
+            return found
+        raise RlcoreError(
+            f"no intact checkpoint to resume from in {self.root}: " + "; ".join(problems)
+            + ". Restore the damaged files, or start a new run without --resume in another run directory"
+        )
 
     @staticmethod
     def read_state(path: Path) -> dict[str, Any]:
@@ -131,6 +309,8 @@ class Checkpointer:
     @staticmethod
     def restore(path: Path, *, optimizers: dict[str, Any], schedulers: dict[str, Any], modules: dict[str, torch.nn.Module],
                 dist=None) -> None:
+        import torch
+
         from rlcore.trainer.distributed import Distributed
 
         dist = dist or Distributed()

@@ -11,19 +11,40 @@ from loguru import logger
 
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.manifest.loader import ResolvedManifest
+from rlcore.rundir import RunDirLock, holds_checkpoints_message
 from rlcore.trainer.checkpoint import Checkpointer, write_atomic_text
 from rlcore.trainer.stopping import Stopped
 
 
-def prepare_run_dir(manifest: ResolvedManifest, run_dir: Path, resume: bool) -> None:
-    """Create the run directory; refuse to overwrite an earlier run's checkpoints unless resuming."""
+def prepare_run_dir(manifest: ResolvedManifest, run_dir: Path, resume: bool) -> RunDirLock:
+    """Create the run directory and lock it for this run (refused while another live run holds it);
+    refuse to overwrite an earlier run's checkpoints unless resuming. Returns the lock, which the
+    caller releases when the run ends (the kernel releases it if the process dies)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not resume and Checkpointer(run_dir).latest() is not None:
-        raise UsageError(
-            f"the run directory {run_dir} already holds checkpoints; pass --resume to continue that run, "
-            "or change [run] name (or --run-dir) to start a new one"
-        )
-    write_atomic_text(run_dir / "manifest.resolved.toml", tomli_w.dumps(manifest.resolved_dict()))
+    lock = RunDirLock(run_dir).acquire()
+    try:
+        if not resume and Checkpointer(run_dir).complete():
+            raise UsageError(holds_checkpoints_message(run_dir))
+        write_atomic_text(run_dir / "manifest.resolved.toml", tomli_w.dumps(manifest.resolved_dict()))
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def resume_hint(run_dir: Path) -> str:
+    """What ``rlcore run --resume`` would continue from, checked (so "intact" is said only when true)."""
+    try:
+        checkpointer = Checkpointer(run_dir)
+        latest = checkpointer.latest_intact()
+        complete = bool(checkpointer.complete())
+    except Exception as exc:  # noqa: BLE001 - the hint must never hide the failure it follows
+        return f"the checkpoints in {run_dir} could not be checked ({exc})"
+    if latest is not None:
+        return f"the last intact checkpoint is {latest}: rlcore run --resume continues from it"
+    if complete:
+        return f"no checkpoint in {run_dir} is intact (see the warnings above): rlcore run --resume cannot continue"
+    return f"no checkpoint was written in {run_dir} yet: rerun to start again"
 
 
 def run_driver(manifest: ResolvedManifest, run_dir: str | Path, resume: bool = False) -> int:
@@ -35,8 +56,7 @@ def run_driver(manifest: ResolvedManifest, run_dir: str | Path, resume: bool = F
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     run_dir = Path(run_dir)
     rank = int(os.environ.get("RANK", "0"))
-    if rank == 0:
-        prepare_run_dir(manifest, run_dir, resume)
+    lock = prepare_run_dir(manifest, run_dir, resume) if rank == 0 else None
     log_file = run_dir / ("run.log" if rank == 0 else f"run.rank{rank}.log")
     run_dir.mkdir(parents=True, exist_ok=True)
     sink_id = logger.add(log_file, level="DEBUG", enqueue=False)
@@ -59,11 +79,14 @@ def run_driver(manifest: ResolvedManifest, run_dir: str | Path, resume: bool = F
                            stop.name, run_dir)
         return 128 + stop.signum
     except KeyboardInterrupt:
-        logger.warning("interrupted; the last checkpoint in {} is intact (rlcore run --resume continues)", run_dir)
+        logger.warning("interrupted; {}", resume_hint(run_dir))
         return 130
     except Exception:
         logger.error("the run failed:\n{}", traceback.format_exc())
-        print(f"the run failed; see {run_dir / 'run.log'}. The last checkpoint is intact: rlcore run --resume continues.", file=sys.stderr)
+        hint = resume_hint(run_dir)
+        print(f"the run failed; see {run_dir / 'run.log'}. {hint[0].upper()}{hint[1:]}.", file=sys.stderr)
         return 1
     finally:
         logger.remove(sink_id)
+        if lock is not None:
+            lock.release()

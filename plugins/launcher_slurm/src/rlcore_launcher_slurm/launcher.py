@@ -8,9 +8,9 @@ import threading
 import time
 from pathlib import Path
 
-from rlcore.errors import RlcoreError
+from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import LaunchRequest
-from rlcore.launching import driver_command, driver_manifest_path, write_driver_manifest
+from rlcore.launching import driver_command, driver_manifest_path, run_dir_problems, write_driver_manifest
 
 from rlcore_launcher_slurm import slurm
 from rlcore_launcher_slurm.follow import LogFollower
@@ -44,6 +44,11 @@ class SlurmLauncher:
             print(self.script_for(request, driver_manifest_path(request)), end="", flush=True)
             _say("dry run: nothing was submitted")
             return 0
+        # A job on a run directory another live run holds (or, without --resume, one holding
+        # checkpoints) would only fail once it starts: refuse before anything is submitted.
+        problems = run_dir_problems(request.run_dir, request.resume)
+        if problems:
+            raise UsageError("\n  ".join(["not submitting the job:", *problems]))
         slurm.require("sbatch")
         if self.options.partition:
             slurm.check_partition(self.options.partition)
