@@ -15,13 +15,15 @@ Conformance kits, one per component kind, that any plugin's own tests can run:
 :mod:`rlcore.testing.engines`, :mod:`rlcore.testing.algorithms`, :mod:`rlcore.testing.rewards`,
 :mod:`rlcore.testing.tools`.
 
-Helpers: :mod:`rlcore.testing.runs` (a tiny training manifest, the CLI in a subprocess, a run's
+Helpers: :func:`require_plugins` (skip a test that needs other plugins when they are absent),
+:mod:`rlcore.testing.runs` (a tiny training manifest, the CLI in a subprocess, a run's
 metrics), :mod:`rlcore.testing.models` (tiny random models), :mod:`rlcore.testing.api` (the
 rlcore modules a plugin may import, :data:`~rlcore.testing.api.PLUGIN_API`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +49,16 @@ def write_manifest(directory: Path, document: dict[str, Any], name: str = "manif
     path = Path(directory) / name
     path.write_text(tomli_w.dumps(document), encoding="utf-8")
     return path
+
+
+def require_plugins(*packages: str) -> None:
+    """Skip the calling test (or, called at module level, the module) unless the plugin packages
+    ``packages`` (``"rlcore_rollout_hf"``, ...) are installed. For tests that use components of
+    plugins their own distribution does not depend on: .ci/plugins_alone.sh runs each plugin's
+    tests without the other plugins, and there such a test skips, saying what it lacks."""
+    __tracebackhide__ = True  # pytest reports the skip at the caller's line
+    missing = [p for p in packages if importlib.util.find_spec(p) is None]
+    if missing:
+        import pytest
+
+        pytest.skip(f"needs other plugins' packages, not installed here: {', '.join(missing)}", allow_module_level=True)

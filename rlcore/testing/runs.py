@@ -13,7 +13,8 @@ subprocess, and the metrics a run leaves behind.
 
 :data:`TINY_RUN` names components of first-party plugins (the ``hf`` engine of rlcore-rollout-hf,
 the ``gsm8k`` reward of rlcore-reward-rule, the ``grpo`` estimator of rlcore-algo-grpo): a test
-that runs it needs those installed, or overrides those tables. Nothing here imports torch.
+that runs it needs those installed (``require_plugins(*TINY_RUN_PLUGINS)`` skips it otherwise),
+or overrides those tables. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ TINY_RUN: dict[str, Any] = {
     "algorithm": {"advantage": "grpo", "policy_loss": "ppo_clip"},
     "trainer": {"steps": 2, "lr": 1e-3, "loggers": ["jsonl"], "eval_before_train": False},
 }
+
+# The plugin packages whose components TINY_RUN names (see rlcore.testing.require_plugins).
+TINY_RUN_PLUGINS = ("rlcore_rollout_hf", "rlcore_reward_rule", "rlcore_algo_grpo")
 
 
 def deep_update(base: dict, top: dict) -> dict:

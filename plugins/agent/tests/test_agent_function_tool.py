@@ -7,6 +7,7 @@ import textwrap
 
 from rlcore.interfaces import BuildContext
 from rlcore.manifest.loader import load_manifest
+from rlcore.testing import require_plugins
 from rlcore.testing.tools import assert_tool_conforms
 
 USER_TOOLS = '''
@@ -32,6 +33,8 @@ async def shout(text: str) -> str:
 
 
 def test_function_tool_from_a_manifest(tmp_path):
+    # The manifest must be valid: the hf engine (default), the math reward, grpo (default).
+    require_plugins("rlcore_rollout_hf", "rlcore_reward_rule", "rlcore_algo_grpo")
     (tmp_path / "user_tools.py").write_text(USER_TOOLS)
     manifest = tmp_path / "m.toml"
     manifest.write_text(

@@ -20,6 +20,7 @@ transformers = pytest.importorskip("transformers")
 
 from rlcore.interfaces import BuildContext, Prompt, SamplingParams  # noqa: E402
 from rlcore.registry import Registry  # noqa: E402
+from rlcore.testing import require_plugins  # noqa: E402
 from rlcore.testing.tools import make_chat_tokenizer  # noqa: E402
 from rlcore_agent.options import PythonToolOptions  # noqa: E402
 from rlcore_agent.python_tool import PythonTool  # noqa: E402
@@ -77,6 +78,7 @@ def model(tok):
 
 @pytest.mark.slow
 def test_tool_loop_on_the_hf_engine_with_a_real_model(tok, model):
+    require_plugins("rlcore_rollout_hf")
     registry = Registry.discover()
     engine = registry.get("rollout_engine", "hf").build({}, BuildContext(tokenizer=tok, actor=model, device="cpu"))
     tool = PythonTool(PythonToolOptions())
@@ -110,6 +112,7 @@ def test_tool_loop_on_the_hf_engine_with_a_real_model(tok, model):
 @pytest.mark.slow
 def test_grpo_steps_with_the_python_tool(tok, model, tmp_path):
     """The trainer runs GRPO steps whose rollouts call the python tool (manifest built like the example)."""
+    require_plugins("rlcore_rollout_hf", "rlcore_reward_rule", "rlcore_algo_grpo")  # hf, math, grpo
     from rlcore.manifest.loader import load_manifest
     from rlcore.trainer.driver import run_driver
 

@@ -10,8 +10,8 @@ import pytest
 
 from rlcore.errors import RlcoreError
 from rlcore.manifest.loader import load_manifest
-from rlcore.testing import write_manifest
-from rlcore.testing.runs import TINY_RUN
+from rlcore.testing import require_plugins, write_manifest
+from rlcore.testing.runs import TINY_RUN, TINY_RUN_PLUGINS
 
 from rlcore_launcher_ray.jobs import exit_code, job_entrypoint, job_request
 from rlcore_launcher_ray.launcher import RayLauncher
@@ -24,6 +24,7 @@ def manifest_with(tmp_path, launcher: dict):
 
 
 def test_ray_manifest_options_validate(tmp_path):
+    require_plugins(*TINY_RUN_PLUGINS)  # a valid manifest names their components
     path = manifest_with(tmp_path, {"workers": 4, "gpus_per_worker": 1, "placement_strategy": "SPREAD",
                                     "runtime_env": {"env_vars": {"NCCL_DEBUG": "INFO"}, "pip": ["emoji"]}})
     options = load_manifest(path).component("launcher.name").options
@@ -56,6 +57,7 @@ def test_ray_bad_manifest_options_are_located_errors(tmp_path, launcher, located
 
 
 def test_ray_validate_does_not_import_ray(tmp_path):
+    require_plugins(*TINY_RUN_PLUGINS)
     path = manifest_with(tmp_path, {"workers": 2})
     code = (
         "import sys; from rlcore.cli import main; rc = main(['validate', sys.argv[1]]); "
@@ -125,6 +127,7 @@ def test_ray_job_status_maps_to_exit_code(status, driver_code, code):
 
 
 def test_ray_dry_run_through_the_cli(tmp_path):
+    require_plugins(*TINY_RUN_PLUGINS)
     path = manifest_with(tmp_path, {"workers": 2, "address": "10.1.2.3:6379"})
     proc = subprocess.run([sys.executable, "-m", "rlcore", "run", str(path), "--dry-run", "--run-dir", str(tmp_path / "r")],
                           capture_output=True, text=True, timeout=120)

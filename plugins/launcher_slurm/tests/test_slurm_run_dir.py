@@ -14,7 +14,8 @@ import pytest
 import tomli_w
 
 from rlcore.errors import UsageError
-from rlcore.testing.runs import TINY_RUN, deep_update
+from rlcore.testing import require_plugins
+from rlcore.testing.runs import TINY_RUN, TINY_RUN_PLUGINS, deep_update
 
 from rlcore_launcher_slurm import slurm
 
@@ -83,6 +84,7 @@ def test_checkpoints_without_resume_are_not_submitted(slurm_launcher, launch_req
 
 
 def test_cli_dry_run_reports_both_refusals(tmp_path, holder):
+    require_plugins(*TINY_RUN_PLUGINS)  # the manifest must validate: TINY_RUN names their components
     (tmp_path / "model").mkdir()  # validation only checks that it exists; a dry run loads nothing
     doc = deep_update(TINY_RUN, {"model": {"path": str(tmp_path / "model")}, "launcher": {"name": "slurm"}})
     manifest = tmp_path / "manifest.toml"

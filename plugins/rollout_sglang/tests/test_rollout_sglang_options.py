@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import BuildContext, SamplingParams
+from rlcore.testing import require_plugins
 from rlcore_rollout_sglang.colocated import SGLangColocatedEngine, import_sglang
 from rlcore_rollout_sglang.names import names
 from rlcore_rollout_sglang.options import SGLangOptions
@@ -106,6 +107,7 @@ def test_rlcore_validate_rejects_bad_sglang_options(tmp_path):
 
 
 def test_rlcore_validate_accepts_the_vllm_names_and_checks_their_ranges(tmp_path):
+    require_plugins("rlcore_reward_rule", "rlcore_algo_grpo")  # exact_match, grpo (the default estimator)
     manifest = tmp_path / "run.toml"
     head = ('[model]\npath = "m"\n[data]\ntrain = "synthetic:addition"\n[reward]\nfunction = "exact_match"\n'
             '[trainer]\nsteps = 1\n[rollout]\nengine = "sglang"\nsamples_per_prompt = 4\nenforce_eager = true\n')
