@@ -184,3 +184,20 @@ def test_bad_options_are_rejected_clearly(options, key, words):
 @pytest.mark.parametrize("value", ["30", "0:30", "4:00:00", "2-12", "1-12:30", "1-12:30:00", "UNLIMITED"])
 def test_slurm_time_formats_are_accepted(value):
     assert SlurmOptions(time=value).time == value
+
+
+def test_stop_signal_only_below_the_time_limit():
+    from rlcore_launcher_slurm import script as script_module
+    from rlcore_launcher_slurm.options import SlurmOptions, time_limit_seconds
+
+    assert [time_limit_seconds(t) for t in ("30", "2:30", "1:00:00", "1-2", "1-2:03", "1-0:0:5", "UNLIMITED", None)] == [
+        1800, 150, 3600, 93600, 93780, 86405, None, None]
+
+    def script(**options):
+        return script_module.render(SlurmOptions(**options), manifest={"run": {"name": "x"}}, run_dir="/tmp/run",
+                                    driver=["python", "-m", "rlcore"], python="python")
+
+    assert "#SBATCH --signal=B:USR1@120" in script(time="10")
+    assert "#SBATCH --signal=B:USR1@120" in script()  # the partition's limit
+    assert "--signal" not in script(time="1").replace("# No --signal", "")  # 60 s: no room for 120 s
+    assert "--signal" not in script(time="10", stop_signal_s=0)

@@ -17,6 +17,22 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SBATCH_LONG = re.compile(r"^--[a-z][a-z0-9-]*(=.*)?$|^-[A-Za-z]( .*)?$")
 
 
+def time_limit_seconds(value: str | None) -> int | None:
+    """An sbatch --time value in seconds; None when unlimited or not given (the partition's)."""
+    if value is None or value in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, clock = value.rpartition("-")
+    parts = [int(x) for x in clock.split(":")]
+    if days:  # days-hours[:minutes[:seconds]]
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+        return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    if len(parts) == 1:  # minutes
+        return parts[0] * 60
+    if len(parts) == 2:  # minutes:seconds
+        return parts[0] * 60 + parts[1]
+    return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+
+
 class SlurmOptions(Options):
     """How to ask SLURM for resources and what to run inside the allocation."""
 

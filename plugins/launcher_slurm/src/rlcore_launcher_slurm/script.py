@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 from typing import Sequence
 
-from rlcore_launcher_slurm.options import SlurmOptions
+from rlcore_launcher_slurm.options import SlurmOptions, time_limit_seconds
 
 JOB_PREFIX = "rlcore-"
 COMMENT = "rlcore"
@@ -113,10 +113,13 @@ def render(
         lines.append(_directive("--account", options.account))
     if options.time:
         lines.append(_directive("--time", options.time))
-    if options.stop_signal_s:
+    limit = time_limit_seconds(options.time)
+    if options.stop_signal_s and (limit is None or options.stop_signal_s < limit):
         # Ahead of the time limit the batch shell gets SIGUSR1 and hands it to the driver, which
         # finishes its step and checkpoints (rlcore/trainer/stopping.py); `--resume` continues.
         lines.append(_directive("--signal", f"B:USR1@{options.stop_signal_s}"))
+    elif options.stop_signal_s:
+        lines.append(f"# No --signal: stop_signal_s = {options.stop_signal_s} is not below the time limit ({limit} s).")
     lines += [
         _directive("--output", log_file(run_dir)),
         _directive("--chdir", run_dir),
