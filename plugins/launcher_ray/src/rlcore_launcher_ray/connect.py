@@ -26,6 +26,15 @@ def import_ray(jobs: bool = False):
     except ImportError as exc:
         what = "the Ray Jobs client" if jobs else "Ray"
         raise RlcoreError(f"the ray launcher needs {what}, which is not installed ({exc}): {INSTALL_HINT}") from None
+    if os.environ.get("RAY_DEDUP_LOGS") == "0":
+        # Ray reads the variable once, when first imported; a process that imported Ray before
+        # (a notebook, a test session) would still fold rank 1's lines into rank 0's.
+        try:
+            from ray._private import ray_logging
+
+            ray_logging.RAY_DEDUP_LOGS = False
+        except (ImportError, AttributeError):  # a Ray without that module: the variable did its job
+            pass
     return ray
 
 
