@@ -97,14 +97,15 @@ def test_jobs_command_lists_and_cancels(slurm_cluster, slurm_launcher, launch_re
     assert any(r["job_id"] == job and r["state"] == "CANCELLED" for r in listed)
 
 
-def test_ctrl_c_cancels_the_job(slurm_cluster, tmp_path, slow_python):
-    """Ctrl-C while `rlcore run` follows the job cancels it (a real SIGINT to a real process)."""
+def _follow_in_subprocess(tmp_path, slow_python, job_name: str):
+    """`launch()` following a slow job in a process of its own: (process, its output lines, the
+    thread reading them), once the job's log streams."""
     script = tmp_path / "follow.py"
     script.write_text(textwrap.dedent(f"""
         from rlcore.interfaces import LaunchRequest
         from rlcore_launcher_slurm.launcher import build
         from rlcore_launcher_slurm.options import SlurmOptions
-        launcher = build(SlurmOptions(python={str(slow_python)!r}, poll_interval=0.5, job_name="ctrl-c"))
+        launcher = build(SlurmOptions(python={str(slow_python)!r}, poll_interval=0.5, job_name={job_name!r}))
         request = LaunchRequest(manifest_path="m.toml", resolved_manifest={{"run": {{"name": "x"}}}}, run_dir={str(tmp_path / 'run')!r})
         raise SystemExit(launcher.launch(request))
     """))
@@ -114,6 +115,16 @@ def test_ctrl_c_cancels_the_job(slurm_cluster, tmp_path, slow_python):
     reader.start()
     try:
         wait_for(lambda: any("slow interpreter" in line for line in lines), 60, "the job's log to stream")
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, lines, reader
+
+
+def test_ctrl_c_cancels_the_job(slurm_cluster, tmp_path, slow_python):
+    """Ctrl-C while `rlcore run` follows the job cancels it (a real SIGINT to a real process)."""
+    proc, lines, reader = _follow_in_subprocess(tmp_path, slow_python, "ctrl-c")
+    try:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 130
     finally:
@@ -128,22 +139,9 @@ def test_ctrl_c_cancels_the_job(slurm_cluster, tmp_path, slow_python):
 
 def test_sigterm_stops_following_and_says_the_job_keeps_running(slurm_cluster, tmp_path, slow_python):
     """SIGTERM to `rlcore run` while it follows a job stops only the following, and says so."""
-    script = tmp_path / "follow.py"
-    script.write_text(textwrap.dedent(f"""
-        from rlcore.interfaces import LaunchRequest
-        from rlcore_launcher_slurm.launcher import build
-        from rlcore_launcher_slurm.options import SlurmOptions
-        launcher = build(SlurmOptions(python={str(slow_python)!r}, poll_interval=0.5, job_name="sigterm"))
-        request = LaunchRequest(manifest_path="m.toml", resolved_manifest={{"run": {{"name": "x"}}}}, run_dir={str(tmp_path / 'run')!r})
-        raise SystemExit(launcher.launch(request))
-    """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
+    proc, lines, reader = _follow_in_subprocess(tmp_path, slow_python, "sigterm")
     job = None
     try:
-        wait_for(lambda: any("slow interpreter" in line for line in lines), 60, "the job's log to stream")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 128 + signal.SIGTERM
         reader.join(5)
