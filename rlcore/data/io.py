@@ -21,27 +21,65 @@ def file_format(path: Path) -> str:
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """All rows of a parquet or jsonl file, through ``datasets`` (local files only, kept in memory)."""
+    """All rows of a parquet, jsonl or json file (local files only, kept in memory).
+
+    Parquet goes through ``datasets`` (its columns are typed already). JSON is read with the
+    standard ``json`` module, row by row, because ``datasets`` infers one type per column: a
+    column holding both numbers and strings made it fall back to pandas, which rewrote every
+    ground truth ("007" became 7, "3.50" became 3.5) and scored right answers 0. Reading rows as
+    written keeps every value, and a bad line is named by its number."""
     path = Path(path)
     if not path.is_file():
         raise RlcoreError(f"data file {str(path)!r} does not exist")
     fmt = file_format(path)
-    if fmt == "json" and not path.read_bytes().strip():
-        return []  # datasets cannot read an empty json file; callers say it is empty
+    if fmt == "json":
+        return _json_rows(path)
     import datasets
 
     datasets.disable_progress_bars()
     try:
-        if fmt == "parquet":
-            ds = datasets.Dataset.from_parquet(str(path), keep_in_memory=True)
-        else:
-            ds = datasets.Dataset.from_json(str(path), keep_in_memory=True)
+        ds = datasets.Dataset.from_parquet(str(path), keep_in_memory=True)
     except Exception as exc:  # noqa: BLE001 - a malformed file: say which, and why
         reason = str(exc).strip().splitlines()
         raise RlcoreError(
             f"cannot read data file {str(path)!r} as {fmt}: {type(exc).__name__}: {reason[-1] if reason else ''}"
         ) from None
     return ds.to_list()
+
+
+def _json_rows(path: Path) -> list[dict[str, Any]]:
+    """Rows of a JSON-lines file, or of a JSON file holding one array of objects."""
+    import json
+
+    data = path.read_bytes()
+    stripped = data.lstrip()
+    if stripped.startswith(b"["):  # one JSON document: an array of rows
+        try:
+            rows = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise RlcoreError(f"data file {str(path)!r} is not UTF-8 text (byte {exc.start})") from None
+        except json.JSONDecodeError as exc:
+            raise RlcoreError(f"data file {str(path)!r}, line {exc.lineno}, column {exc.colno}: not valid JSON: {exc.msg}") from None
+        where = lambda i: f"row {i}"  # noqa: E731
+    else:
+        rows = []
+        for number, line in enumerate(data.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line.decode("utf-8")))
+            except UnicodeDecodeError as exc:
+                raise RlcoreError(f"data file {str(path)!r}, line {number}: not UTF-8 text (byte {exc.start} of the line)") from None
+            except json.JSONDecodeError as exc:
+                raise RlcoreError(f"data file {str(path)!r}, line {number}, column {exc.colno}: not valid JSON: {exc.msg}") from None
+        lines = [n for n, line in enumerate(data.splitlines(), start=1) if line.strip()]
+        where = lambda i: f"line {lines[i]}"  # noqa: E731
+    if not isinstance(rows, list):
+        raise RlcoreError(f"data file {str(path)!r}: expected JSON lines or an array of objects")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise RlcoreError(f"data file {str(path)!r}, {where(i)}: expected a JSON object, got {type(row).__name__}")
+    return rows
 
 
 def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> Path:
