@@ -81,12 +81,11 @@ class MasterWeights:
     def __init__(self, module: torch.nn.Module, compute: torch.dtype):
         self.module = module
         self.pairs: list[tuple[torch.nn.Parameter, torch.nn.Parameter]] = []
-        self._hooks = []
         for param in module.parameters():  # tied parameters appear once
             if param.requires_grad and param.is_floating_point():
                 master = torch.nn.Parameter(param.data, requires_grad=True)  # takes over the float32 storage
                 self.pairs.append((param, master))
-                self._hooks.append(param.register_post_accumulate_grad_hook(_accumulate_into(master)))
+                param.register_post_accumulate_grad_hook(_accumulate_into(master))
         cast_parameters(module, compute)
 
     @property
@@ -116,11 +115,6 @@ class MasterWeights:
                 master.data = param.data  # a restore may have replaced the tensor
                 param.data = half
             self.publish()
-
-    def remove(self) -> None:
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks.clear()
 
 
 class TrainedRole:
