@@ -9,13 +9,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
 from rlcore.errors import UsageError
 from rlcore.launching import RunDirLock, lock_holder, run_dir_problems
-from rlcore.testing.runs import run_cli, train_rows, write_run_manifest
+from rlcore.testing.runs import run_cli, train_rows, wait_for, write_run_manifest
 
 HOLDER = """
 import os, sys, time
@@ -28,16 +27,6 @@ if child == 0:
 print(os.getpid(), child, flush=True)
 time.sleep(600)
 """
-
-
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def _alive(pid: int) -> bool:
@@ -109,7 +98,7 @@ def test_a_second_run_on_a_live_runs_directory_is_refused_until_the_first_dies(t
     run_dir = tmp_path / "run"
     first = _rlcore("run", str(manifest), "--run-dir", str(run_dir))
     try:
-        _wait_for(lambda: first.poll() is not None or (run_dir / "checkpoints" / "latest").exists(), 600,
+        wait_for(lambda: first.poll() is not None or (run_dir / "checkpoints" / "latest").exists(), 600,
                   "the first run's first checkpoint")
         assert first.poll() is None, "the first run ended early"
         assert lock_holder(run_dir)["pid"] == first.pid

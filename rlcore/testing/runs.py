@@ -92,3 +92,17 @@ def run_cli(*args: str, env: dict | None = None, cwd: str | Path | None = None,
     return subprocess.run(
         [sys.executable, "-m", "rlcore", *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout
     )
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
+    """Poll ``predicate()`` until it returns something true (returned) or ``timeout`` seconds pass
+    (an AssertionError naming ``what``)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from rlcore.errors import RlcoreError, UsageError
+from rlcore.testing import runs
 
 from rlcore_launcher_slurm import slurm
 
@@ -24,13 +25,7 @@ pytestmark = pytest.mark.slurm
 
 
 def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return runs.wait_for(predicate, timeout, what, interval=0.3)
 
 
 def rlcore_cli(*args: str) -> subprocess.CompletedProcess:
