@@ -106,9 +106,9 @@ def load_causal_lm(model: ModelTable, device: str, path: str | None = None, *, d
     attention = model.attn_implementation
     if attention is None and device.startswith("cuda"):
         # Packed rows attended per sequence: by the flash varlen kernel in half precision (measured
-        # 1.9x faster actor updates than SDPA's dense block-diagonal mask at 0.5B), by one causal
-        # SDPA call per sequence in float32, where SDPA's dense [N x N] mask made an update of
-        # SmolLM2-135M 13x slower than in bfloat16 (docs/performance.md).
+        # 1.9x faster actor updates than SDPA's dense block-diagonal mask at 0.5B), in float32 by
+        # one causal SDPA call over the row's sequences right-padded to the longest, where the
+        # dense [N x N] mask made an update of SmolLM2-135M 13x slower than in bfloat16.
         attention = "rlcore_varlen"
     if attention:
         kwargs["attn_implementation"] = attention
