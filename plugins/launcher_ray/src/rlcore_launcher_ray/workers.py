@@ -25,6 +25,7 @@ from rlcore.launching import run_driver_manifest
 from rlcore.targets import load_target
 
 from rlcore_launcher_ray.options import RayOptions
+from rlcore_launcher_ray.output import LineCount, OutputDrain
 
 TRAIN_TARGET = "rlcore_launcher_ray.workers:train_rank"
 
@@ -69,11 +70,14 @@ class RankWorker:
             sock.bind((host, 0))
             return sock.getsockname()[1]
 
-    def run(self, target: str | Callable[..., Any], env: dict[str, str], kwargs: dict[str, Any]) -> Any:
+    def run(self, target: str | Callable[..., Any], env: dict[str, str], kwargs: dict[str, Any]) -> tuple[Any, dict]:
+        """``target(**kwargs)``'s result, and how many lines this rank wrote (for :class:`OutputDrain`)."""
         os.environ.update(env)  # before torch is imported: CUDA_VISIBLE_DEVICES and the rendezvous
         for stream in (sys.stdout, sys.stderr):
             if hasattr(stream, "reconfigure"):
                 stream.reconfigure(line_buffering=True)
+        out, err = LineCount(sys.stdout), LineCount(sys.stderr)
+        sys.stdout, sys.stderr = out, err
         try:
             from loguru import logger
 
@@ -81,7 +85,8 @@ class RankWorker:
             logger.add(sys.stderr, level=os.environ.get("RLCORE_LOG_LEVEL", "INFO"), format="{time:HH:mm:ss} {level: <7} {message}")
         except ImportError:  # pragma: no cover - loguru is a dependency of rlcore
             pass
-        return _resolve(target)(**kwargs)
+        result = _resolve(target)(**kwargs)
+        return result, {"pid": os.getpid(), "out": out.lines, "err": err.lines}
 
 
 @dataclass
@@ -194,10 +199,13 @@ class WorkerGroup:
         self.pg = None
         self.actors: list[Any] = []
         self.infos: list[RankInfo] = []
+        self.output = OutputDrain()
+        self.lines_written: dict[tuple[str, bool], int] = {}
 
     # -- start
     def start(self) -> list[RankInfo]:
         options = self.options
+        self.output.__enter__()
         check_capacity(options, ray.cluster_resources(), _node_resources())
         bundles = _bundles(options)
         self.pg = placement_group(bundles, strategy=options.placement_strategy, name="")
@@ -264,9 +272,12 @@ class WorkerGroup:
             for ref in done:
                 rank = refs[ref]
                 try:
-                    results[rank] = ray.get(ref)
+                    results[rank], lines = ray.get(ref)
                 except (RayActorError, RayTaskError) as exc:
                     errors[rank] = exc
+                else:
+                    self.lines_written[(str(lines["pid"]), False)] = lines["out"]
+                    self.lines_written[(str(lines["pid"]), True)] = lines["err"]
             failed = bool(errors) or any(isinstance(v, int) and v != 0 for v in results.values())
             if failed and deadline is None and pending:
                 deadline = time.monotonic() + self.options.failure_grace
@@ -275,6 +286,7 @@ class WorkerGroup:
                 _say(f"stopping rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))} after the failure above")
                 self.kill()
                 break
+        self.output.wait(self.lines_written)  # the ranks' last lines, before anyone disconnects
         if errors:
             raise self._failure(errors, results)
         return results
@@ -309,6 +321,7 @@ class WorkerGroup:
     def close(self) -> None:
         self.kill()
         self.actors = []
+        self.output.__exit__()
         if self.pg is not None:
             try:
                 remove_placement_group(self.pg)
