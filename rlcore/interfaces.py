@@ -166,6 +166,9 @@ class Trajectory:
     tool_errors: int = 0
     step_reward: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
+    # The trainer's policy version (optimizer steps taken) whose weights generated every token; set
+    # by the trainer's scheduler, not by agent loops.
+    policy_version: int | None = None
 
 
 class AgentLoop(Protocol):
@@ -235,6 +238,8 @@ class BuildContext:
     actor: the trainer's actor module, so an engine in the same process can share its parameters.
     tools: the run's tools by ``[tools.NAME]`` table name (agent loops). resume_step: the step a
     resumed run continues after (None for a fresh run). total_steps: ``[trainer] steps``.
+    concurrent: the engine generates while the trainer trains (``[rollout] max_staleness``), so it
+    must hold its own copy of the weights rather than share the actor's module.
 
     Build one for a manifest with :meth:`from_manifest`.
     """
@@ -252,6 +257,7 @@ class BuildContext:
     tools: dict[str, Any] = field(default_factory=dict)
     resume_step: int | None = None
     total_steps: int | None = None
+    concurrent: bool = False
 
     @classmethod
     def from_manifest(cls, manifest: Any, **fields: Any) -> "BuildContext":
@@ -266,6 +272,7 @@ class BuildContext:
             gguf_file=core.model.gguf_file,
             seed=core.run.seed,
             total_steps=core.trainer.steps,
+            concurrent=core.rollout.max_staleness is not None,
         )
         values.update(fields)
         return cls(**values)

@@ -22,7 +22,7 @@ from loguru import logger
 
 from rlcore.algorithms.importance import mismatch_metrics, mismatch_sums
 from rlcore.errors import RlcoreError, UsageError
-from rlcore.interfaces import AdvantageInput, BuildContext, SamplingParams, Trajectory
+from rlcore.interfaces import AdvantageInput, BuildContext, Prompt, SamplingParams, Trajectory
 from rlcore.manifest.loader import ResolvedManifest
 from rlcore.trainer import models, precision
 from rlcore.trainer.actor import Actor
@@ -32,7 +32,7 @@ from rlcore.trainer.checkpoint import Checkpointer
 from rlcore.trainer.data_cursor import DataCursor
 from rlcore.trainer.distributed import Distributed, combine_metrics
 from rlcore.trainer.rollout import Rollout
-from rlcore.trainer.scheduler import Colocated
+from rlcore.trainer.scheduler import Background, Colocated
 from rlcore.trainer.scoring import Scorer
 from rlcore.trainer.stopping import Stopped, StopRequest
 
@@ -127,7 +127,6 @@ class RLTrainer:
                 "weights; with several training ranks only an engine that does (the hf engine) is supported yet"
             )
         self.rollout = Rollout(engine, self._build("agent.loop", context), self.actor)
-        self.scheduler = Colocated(self.rollout, self.scorer, self.tokenizer, self.actor.weights_for_engine)
         self._load_data()
 
         if checkpoint is not None:
@@ -144,7 +143,40 @@ class RLTrainer:
                 )
             logger.info("resumed from {} (step {})", checkpoint, self.step)
             context.resume_step = self.step
+        self.scheduler = self._scheduler(engine)
         self.sinks = [s.component.build(s.options, context) for s in self.manifest.roles("loggers")] if self.dist.is_main else []
+
+    def _scheduler(self, engine):
+        """Rollout and training take turns, or rollouts run in the background ([rollout] max_staleness)."""
+        staleness = self.cfg.rollout.max_staleness
+        common = (self.rollout, self.scorer, self.tokenizer, self.actor.weights_for_engine, self._step_inputs, self.step,
+                  self.cursor)
+        if staleness is None:
+            if self.step and not engine.shares_actor:  # an engine holding its own weights still has the initial ones
+                self.rollout.sync(self.actor.weights_for_engine())
+            return Colocated(*common)
+        name = self.manifest.component("rollout.engine").component.name
+        if engine.shares_actor:
+            raise UsageError(
+                f"[rollout] max_staleness: the {name!r} engine shares the actor's module, so it cannot generate while "
+                "the trainer trains; use an engine that holds its own weights"
+            )
+        if self.dist.enabled:
+            raise UsageError(
+                "[rollout] max_staleness: background rollouts run with one training rank for now; remove it or train "
+                f"on one rank (this run has {self.dist.world})"
+            )
+        logger.info(
+            "rollouts in the background, at most {} step(s) behind the trainer; rollout_correction = {}",
+            staleness, self.cfg.algorithm.rollout_correction,
+        )
+        return Background(*common, max_staleness=staleness)
+
+    def _step_inputs(self, step: int, cursor: DataCursor) -> tuple[list[Prompt], SamplingParams]:
+        """Step ``step``'s prompts (this rank's share; ``cursor`` advances past them) and sampling."""
+        indices = cursor.take(self.cfg.data.prompts_per_step)
+        local = self.dist.shard(list(range(len(indices))))
+        return [self.train_set.prompts[indices[i]] for i in local], self._sampling(train=True, step=step)
 
     def _build(self, role: str, context: BuildContext):
         selected = self.manifest.component(role)
@@ -224,6 +256,8 @@ class RLTrainer:
             with StopRequest() as stop:
                 self._fit(stop)
         finally:
+            if hasattr(self, "scheduler"):
+                self.scheduler.close()
             for sink in getattr(self, "sinks", []):
                 sink.close()
             if hasattr(self, "scorer"):
@@ -254,21 +288,23 @@ class RLTrainer:
             sink.log(metrics, step)
 
     def train_step(self) -> dict[str, Any]:
-        cfg, algo = self.cfg, self.cfg.algorithm
+        algo = self.cfg.algorithm
         timer = Timer()
         metrics: dict[str, Any] = {}
         with timer("step"):
-            indices = self.cursor.take(cfg.data.prompts_per_step)
-            local = self.dist.shard(list(range(len(indices))))
-            prompts = [self.train_set.prompts[indices[i]] for i in local]
-            params = self._sampling(train=True, step=self.step)
-            trajectories, scores, reward_metrics = self.scheduler.next_batch(prompts, params, timer)
-            metrics.update(reward_metrics)
-            batch = build_batch(trajectories, scores, params.n, group_offset=self.dist.rank * len(prompts))
+            scored = self.scheduler.next_batch(timer)
+            params, trajectories = scored.params, scored.trajectories
+            metrics.update(scored.metrics)
+            staleness = scored.staleness()
+            metrics["rollout/staleness/mean"] = sum(staleness) / max(len(staleness), 1)
+            metrics["rollout/staleness/max"] = float(max(staleness, default=0))
+            batch = build_batch(trajectories, scored.scores, params.n, group_offset=self.dist.rank * len(scored.prompts))
             self.actor.module.train()
             # With one optimizer step per batch, the update's own forward pass runs on the weights
             # that generated the batch: its detached log-probs are the old ones, at no extra cost.
-            recompute_old = algo.ppo_epochs > 1 or algo.mini_batches > 1
+            # A stale batch (generated by older weights) needs them recomputed with the current
+            # weights; the rollout correction then weighs current against generating weights.
+            recompute_old = algo.ppo_epochs > 1 or algo.mini_batches > 1 or max(staleness, default=0) > 0
             if recompute_old:
                 with timer("old_log_prob"):
                     batch.tensors["old_logprobs"] = self.actor.logprobs(batch, params.temperature)
@@ -288,7 +324,10 @@ class RLTrainer:
                 with timer("update_critic"):
                     metrics.update(self.critic.update(batch))
             self.scheduler.weights_changed(timer)
+            self.cursor.load(scored.cursor)
         metrics.update(timer.times)
+        if "timing_s/wait_rollout" in metrics:
+            metrics["async/trainer_wait_fraction"] = metrics["timing_s/wait_rollout"] / max(metrics["timing_s/step"], 1e-9)
         metrics.update(self._batch_metrics(batch, trajectories))
         tokens = sum(batch.sequence_lengths())
         metrics["perf/total_num_tokens"] = tokens
@@ -382,7 +421,8 @@ class RLTrainer:
         assert self.val_set is not None
         params = self._sampling(train=False, step=self.step)
         start = time.perf_counter()
-        trajectories = self.rollout.generate(self.dist.shard(self.val_set.prompts), params)
+        with self.scheduler.quiet():
+            trajectories = self.rollout.generate(self.dist.shard(self.val_set.prompts), params)
         scores, _ = self.scorer.score(trajectories, self.tokenizer)
         results = [
             (t.prompt.data_source or "default", t.prompt.index, s, len(t.response_ids)) for t, s in zip(trajectories, scores)

@@ -23,6 +23,12 @@ class Rollout:
             module.train(was_training)
             self.engine.sleep()
 
+    def generate_concurrently(self, prompts: list[Prompt], params: SamplingParams) -> list[Trajectory]:
+        """Generate while the trainer trains (another thread): the engine holds its own weights,
+        stays awake, and the actor is not touched."""
+        self.engine.wake_up()
+        return self.agent.run(prompts, self.engine, params)
+
     def sync(self, named_tensors: Iterable) -> None:
         """Give the engine the actor's new weights (a no-op for an engine that shares them)."""
         self.engine.update_weights(named_tensors)

@@ -382,12 +382,13 @@ def _copy_actor(actor: Any, device: torch.device, dtype: torch.dtype | None) -> 
 
 
 def build(options: HFEngineOptions, context: BuildContext | None = None) -> HFRolloutEngine:
-    """The ``hf`` component's factory: share ``context.actor`` when it is on ``context.device``,
-    else load ``context.model_path`` (or copy the actor when no path is given)."""
+    """The ``hf`` component's factory: share ``context.actor`` when it is on ``context.device`` (and
+    the engine does not generate while the trainer trains), else load ``context.model_path`` (or
+    copy the actor when no path is given)."""
     context = context or BuildContext()
     device = torch.device(context.device or "cpu")
     actor = context.actor
-    if actor is not None and options.share_actor and same_device(module_device(actor), device):
+    if actor is not None and options.share_actor and not context.concurrent and same_device(module_device(actor), device):
         return HFRolloutEngine(actor, tokenizer=context.tokenizer, options=options, shares_actor=True)
     if context.model_path:
         model = _load_own_model(options, context, device)
