@@ -43,8 +43,10 @@ def _replace(old: str, new: str) -> str:
 MALFORMED = [
     ("toml-syntax", VALID + "\n[trainer\n", "", "[trainer", "invalid TOML"),
     ("toml-bad-value", _replace("steps = 3", "steps = three"), "", "steps = three", "invalid TOML"),
-    ("toml-duplicate-key", _replace("steps = 3", "steps = 3\nsteps = 4"), "", "steps = 4", "invalid TOML"),
-    ("toml-duplicate-table", VALID + "\n[trainer]\nlr = 1.0\n", "", "[trainer]", "invalid TOML"),
+    ("toml-duplicate-key", _replace("steps = 3", "steps = 3\nsteps = 4"), "trainer.steps", "steps = 4", "duplicate key 'steps' in table [trainer] (first set on line"),
+    ("toml-duplicate-top-level-key", 'seed = 1\nseed = 2\n' + VALID, "seed", "seed = 2", "duplicate key 'seed' in the top level"),
+    ("toml-duplicate-dotted-key", _replace('path = "org/model"', 'path = "org/model"\nlora.rank = 4\nlora.rank = 8'), "model.lora.rank", "lora.rank = 8", "duplicate key 'lora.rank' in table [model]"),
+    ("toml-duplicate-table", VALID + "\n[trainer]\nlr = 1.0\n", "trainer", "[trainer]", "table [trainer] is declared twice (first on line"),
     ("toml-unclosed-string", _replace('name = "t"', 'name = "t'), "", 'name = "t', "invalid TOML"),
     ("unknown-table", VALID + "\n[optimizer]\nlr = 1\n", "optimizer", "[optimizer]", "unknown key"),
     ("unknown-key-run", _replace('name = "t"', 'name = "t"\nseeed = 3'), "run.seeed", "seeed", "did you mean 'seed'"),

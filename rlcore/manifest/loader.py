@@ -22,7 +22,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rlcore.components import Component
 from rlcore.errors import ManifestError, Problem, RlcoreError, did_you_mean
-from rlcore.manifest.locate import key_lines, line_of
+from rlcore.manifest.locate import find_duplicate, key_lines, line_of
 from rlcore.manifest.schema import COMPONENT_MAPS, COMPONENT_TABLES, Manifest
 from rlcore.registry import Registry
 
@@ -243,6 +243,10 @@ def load_manifest(
         match = _TOML_POSITION.search(str(exc))
         line = int(match.group(1)) if match else None
         message = _TOML_POSITION.sub("", str(exc)).strip()
+        duplicate = find_duplicate(text) if message.startswith(("Cannot overwrite", "Cannot declare")) else None
+        if duplicate is not None:  # tomllib names neither the key nor the table
+            problem = Problem(duplicate.key, f"invalid TOML: {duplicate.describe()}", line=duplicate.line, file=str(shown))
+            raise ManifestError([problem]) from None
         if match:
             message += f" (column {match.group(2)})"
         raise ManifestError([Problem("", f"invalid TOML: {message}", line=line, file=str(shown))]) from None
