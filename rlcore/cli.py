@@ -304,7 +304,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         if args.no_plugins:
             os.environ["RLCORE_NO_PLUGINS"] = "1"
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that went away shows here, while it can still be handled
+        return code
+    except BrokenPipeError:
+        return _stdout_closed()
     except RlcoreError as exc:
         if debug:
             raise
@@ -326,6 +330,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             "If a plugin may be the cause, retry with --no-plugins or RLCORE_DISABLE_PLUGINS=name."
         )
         return 1
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``rlcore schema | head``): end quietly, as Python's
+    documentation recommends, pointing stdout at devnull so that the flush at exit cannot fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (captured in-process)
+        pass
+    return 1
 
 
 def _configure_logging(debug: bool) -> None:
