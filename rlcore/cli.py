@@ -53,9 +53,30 @@ def _load(args: argparse.Namespace, registry=None):
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    manifest = _load(args)
-    from rlcore.manifest.checks import check_resolved
+    """Validate each manifest named, reporting every one; the exit code is the worst of them."""
+    registry = _registry(args)
+    paths = list(args.manifest)
+    failures: list[tuple[str, RlcoreError]] = []
+    for path in paths:
+        try:
+            _validate_one(args, path, registry)
+        except RlcoreError as exc:
+            if len(paths) == 1:
+                raise
+            console().print(f"[bold red]error:[/] {_escape(exc)}", highlight=False)
+            failures.append((path, exc))
+    if failures:
+        console().print(f"[bold red]{len(failures)} of {len(paths)} manifests are invalid:[/] "
+                        + _escape(", ".join(path for path, _ in failures)))
+        return max(exc.exit_code for _, exc in failures)
+    return 0
 
+
+def _validate_one(args: argparse.Namespace, path: str, registry) -> None:
+    from rlcore.manifest.checks import check_resolved
+    from rlcore.manifest.loader import load_manifest
+
+    manifest = load_manifest(path, args.set or [], registry=registry)
     for warning in check_resolved(manifest):
         console().print(f"[yellow]warning:[/] {_escape(warning)}")
     if args.print:
@@ -63,8 +84,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
         console().print(tomli_w.dumps(manifest.resolved_dict()), markup=False)
     used = ", ".join(f"{role}={s.component.name} ({s.component.provider})" for role, s in manifest.selected.items())
-    console().print(f"[green]ok[/] {_escape(args.manifest)}: {_escape(used)}")
-    return 0
+    console().print(f"[green]ok[/] {_escape(path)}: {_escape(used)}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -193,8 +213,11 @@ def cmd_init(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- parser
 
 
-def _add_manifest_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("manifest", help="the run's TOML manifest")
+def _add_manifest_args(parser: argparse.ArgumentParser, several: bool = False) -> None:
+    if several:
+        parser.add_argument("manifest", nargs="+", help="the runs' TOML manifests, each checked and reported")
+    else:
+        parser.add_argument("manifest", help="the run's TOML manifest")
     parser.add_argument(
         "--set", action="append", metavar="TABLE.KEY=VALUE", help="override a manifest value (repeatable); VALUE is TOML"
     )
@@ -217,8 +240,8 @@ def build_parser(registry=None, command_name: str | None = None) -> argparse.Arg
     p.add_argument("--run-dir", help="the run directory (default: run.output_dir/run.name)")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("validate", help="validate a manifest without importing torch or starting anything")
-    _add_manifest_args(p)
+    p = sub.add_parser("validate", help="validate manifests without importing torch or starting anything")
+    _add_manifest_args(p, several=True)
     p.add_argument("--print", action="store_true", help="print the resolved manifest")
     p.set_defaults(func=cmd_validate)
 
