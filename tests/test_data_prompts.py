@@ -113,7 +113,7 @@ def test_long_prompts_are_filtered_and_counted(tmp_path, tokenizer):
     assert [p.ground_truth for p in ps.prompts] == ["1", "3"]
     assert [p.index for p in ps.prompts] == [0, 2]
     assert ps.filtered_too_long == 2 and ps.total == 4
-    assert any("2 prompt(s) longer than max_prompt_tokens = 100" in m for m in messages)
+    assert any("d.jsonl: 2 prompt(s) longer than max_prompt_tokens = 100 were left out (rows 1, 3;" in m for m in messages)
 
 
 def test_limit_and_shuffle(tokenizer):

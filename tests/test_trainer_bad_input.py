@@ -59,3 +59,12 @@ def test_grpo_with_one_sample_per_prompt(tmp_path):
     manifest = write_run_manifest(tmp_path, tmp_path, rollout={"samples_per_prompt": 1})
     proc = run_cli("validate", str(manifest))
     _assert_clean(proc, 2, "[rollout.samples_per_prompt]", "every advantage would be zero")
+
+
+@pytest.mark.slow
+def test_prompt_and_response_longer_than_the_context_are_refused_at_start_up(tmp_path, tiny_model):
+    """It used to pass validate and crash mid-run when a long prompt came, and again on --resume."""
+    manifest = write_run_manifest(tmp_path, tiny_model, data={"max_prompt_tokens": 2000, "max_response_tokens": 100})
+    proc = run_cli("run", str(manifest), "--run-dir", str(tmp_path / "run"))
+    _assert_clean(proc, 2, "manifest.toml", "max_prompt_tokens = 2000 + max_response_tokens = 100 = 2100 tokens",
+                  "context of 2048 positions")

@@ -108,7 +108,8 @@ def load_prompts(
         random.Random(shuffle_seed).shuffle(order)
     encoder = _Encoder(tokenizer)
     prompts: list[Prompt] = []
-    too_long, longest, shortest = 0, 0, None
+    too_long: list[int] = []
+    longest, shortest = 0, None
     for index in order:
         if limit is not None and len(prompts) >= limit:
             break
@@ -118,7 +119,7 @@ def load_prompts(
         n = len(token_ids)
         shortest = n if shortest is None else min(shortest, n)
         if n > max_prompt_tokens:
-            too_long += 1
+            too_long.append(index)
             longest = max(longest, n)
             continue
         prompts.append(
@@ -137,16 +138,18 @@ def load_prompts(
             f"(the shortest has {shortest} tokens); raise max_prompt_tokens"
         )
     if too_long:
+        rows_named = ", ".join(str(i) for i in sorted(too_long)[:5]) + (", ..." if len(too_long) > 5 else "")
         logger.warning(
-            "{}: {} prompt(s) longer than max_prompt_tokens = {} were left out (the longest has {} tokens)",
+            "{}: {} prompt(s) longer than max_prompt_tokens = {} were left out (rows {}; the longest has {} tokens)",
             source,
-            too_long,
+            len(too_long),
             max_prompt_tokens,
+            rows_named,
             longest,
         )
     lengths = [len(p.token_ids) for p in prompts]
     stats = {"prompt_tokens_mean": sum(lengths) / len(lengths), "prompt_tokens_max": float(max(lengths))}
-    return PromptSet(prompts, filtered_too_long=too_long, total=len(rows), source=source, stats=stats)
+    return PromptSet(prompts, filtered_too_long=len(too_long), total=len(rows), source=source, stats=stats)
 
 
 def _messages(value: Any, key: str, index: int, source: str) -> list[dict[str, Any]]:

@@ -106,6 +106,7 @@ class RLTrainer:
         self.tokenizer = models.load_tokenizer(self.model_cfg)
         self.batching = Batching(self.dist, self.device, cfg.trainer.micro_batch_tokens, cfg.algorithm.mini_batches)
         self.actor = Actor(cfg, self.model_cfg, self.precision, self.dist, self.device, self.batching, checkpoint)
+        self._check_context()
         self.reference = (
             models.build_reference(self.actor.module, self.model_cfg, self.device, self.precision.compute)
             if cfg.algorithm.kl_coef > 0 else None
@@ -145,6 +146,19 @@ class RLTrainer:
             context.resume_step = self.step
         self.scheduler = self._scheduler(engine)
         self.sinks = [s.component.build(s.options, context) for s in self.manifest.roles("loggers")] if self.dist.is_main else []
+
+    def _check_context(self) -> None:
+        """Refuse at start-up what would crash mid-run (and again at every resume): a prompt and its
+        response together longer than the model's positions."""
+        d = self.cfg.data
+        positions = getattr(self.actor.module.config, "max_position_embeddings", None)
+        if isinstance(positions, int) and d.max_prompt_tokens + d.max_response_tokens > positions:
+            raise UsageError(
+                f"{self.manifest.path}: [data] max_prompt_tokens = {d.max_prompt_tokens} + max_response_tokens = "
+                f"{d.max_response_tokens} = {d.max_prompt_tokens + d.max_response_tokens} tokens, more than the model's "
+                f"context of {positions} positions (max_position_embeddings of {self.cfg.model.path}); lower them so "
+                f"that they add up to {positions} at most"
+            )
 
     def _scheduler(self, engine):
         """Rollout and training take turns, or rollouts run in the background ([rollout] max_staleness)."""
