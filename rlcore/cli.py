@@ -26,7 +26,12 @@ def console():
         from rich.console import Console
 
         _console = Console(stderr=False, highlight=False, soft_wrap=True)
+        if not _console.is_terminal:  # piped: tables at their natural width, nothing cut or wrapped
+            _console = Console(stderr=False, highlight=False, soft_wrap=True, width=_UNBOUNDED)
     return _console
+
+
+_UNBOUNDED = 100_000  # columns: wider than any table rlcore prints
 
 
 def _escape(text: str) -> str:

@@ -50,3 +50,58 @@ def test_validate_accepts_several_manifests_and_reports_each(tmp_path, capsys):
     assert f"ok {good}" in out and f"ok {other}" in out  # the one after the bad one is checked too
     assert f"{bad}:2: [trainer.steps]" in out
     assert "1 of 3 manifests are invalid" in out and str(bad) in out.splitlines()[-1]
+
+
+LONG_NAME = "a_reward_function_whose_name_is_longer_than_eighty_columns_would_leave_room_for"
+
+
+def _fake_distribution(site, module: str, source: str, dist: str = "rlcore-long-demo") -> dict:
+    """A distribution with an ``rlcore`` entry point, installed by hand into ``site``; returns the
+    environment that makes it visible to a subprocess."""
+    (site / module).mkdir(parents=True)
+    (site / module / "__init__.py").write_text("")
+    (site / module / "plugin.py").write_text(source)
+    info = site / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[rlcore]\n{module} = {module}.plugin\n")
+    return {"PYTHONPATH": str(site)}
+
+
+def test_piped_plugins_table_is_neither_wrapped_nor_truncated(tmp_path):
+    from rlcore.testing.runs import run_cli
+
+    env = _fake_distribution(tmp_path / "site", "rlcore_long_demo", (
+        "import rlcore\n"
+        "from rlcore import Component, Options\n\n"
+        "@rlcore.hookimpl\n"
+        "def rlcore_reward_functions():\n"
+        f"    return [Component({LONG_NAME!r}, 'x:y', Options, 'a long name')]\n"
+    ))
+    proc = run_cli("plugins", env={**env, "COLUMNS": ""})
+    assert proc.returncode == 0, proc.stderr
+    assert f"reward_function: {LONG_NAME}" in proc.stdout  # whole, on one line
+    row = next(line for line in proc.stdout.splitlines() if "rlcore_long_demo" in line)
+    assert "rlcore-long-demo" in row and LONG_NAME in row
+
+
+def test_piped_step_lines_are_not_wrapped_and_go_to_run_log(tmp_path, capsys):
+    from rlcore.interfaces import BuildContext
+    from rlcore.testing import isolated_registry
+
+    sink = isolated_registry().get("metrics_sink", "console").build(
+        {"every": 2}, BuildContext(run_dir=str(tmp_path), total_steps=14))
+    metrics = {"critic/score/mean": 0.53125, "actor/pg_loss": -0.0123456, "actor/entropy": 1.23456,
+               "actor/ppo_kl": 0.000123, "actor/grad_norm": 12.3456, "response_length/mean": 123.456,
+               "timing_s/step": 42.123}
+    for step in (1, 2):
+        sink.log(metrics, step)
+    sink.log({"val/reward/mean": 0.8}, 2)
+    sink.close()
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("step 2/14"))
+    assert len(line) > 80 and line.endswith("step_s 42.12")  # one line, not wrapped at 80 columns
+    assert "step 1/14" not in out  # every = 2 on the console
+    log = (tmp_path / "run.log").read_text()
+    assert "step 1/14 | score 0.5312 |" in log and "step 2/14 | score 0.5312 |" in log  # every step
+    assert "validation step 2: reward/mean=0.8" in log and "training reward:" in log

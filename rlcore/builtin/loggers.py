@@ -38,13 +38,20 @@ def _resume_step(context) -> int | None:
 
 
 class ConsoleSink:
-    """A progress bar on a terminal, a line per step elsewhere, and the reward curve at the end."""
+    """A progress bar on a terminal, a line per step elsewhere, and the reward curve at the end.
+    Piped or redirected, a line is never wrapped (a step's metrics stay on one line). Each step's
+    line also goes to ``run.log`` in the run directory, whatever ``every`` is."""
 
     def __init__(self, options, context):
         from rich.console import Console
 
         self.every = options.every
         self.console = Console(highlight=False)
+        if not self.console.is_terminal:
+            self.console = Console(highlight=False, soft_wrap=True)
+        run_dir = getattr(context, "run_dir", None)
+        # Appended line by line beside the trainer's own log lines (loguru's file sink appends too).
+        self.log_file = open(Path(run_dir) / "run.log", "a", encoding="utf-8", buffering=1) if run_dir else None
         self.total = getattr(context, "total_steps", None)
         self.curve: list[tuple[int, float]] = []
         self.val_curve: list[tuple[int, float]] = []
@@ -62,17 +69,26 @@ class ConsoleSink:
     def log(self, metrics: dict[str, float], step: int) -> None:
         if "val/reward/mean" in metrics:
             self.val_curve.append((step, metrics["val/reward/mean"]))
-            self.console.print(f"[cyan]validation[/] step {step}: " + _format(
-                {k: v for k, v in metrics.items() if k.startswith("val/")}))
+            line = f"validation step {step}: " + _format({k: v for k, v in metrics.items() if k.startswith("val/")})
+            self.console.print(line.replace("validation", "[cyan]validation[/]", 1))
+            self._to_log(line)
             return
         if "critic/score/mean" in metrics:
             self.curve.append((step, metrics["critic/score/mean"]))
         headline = " | ".join(f"{label} {_num(metrics[key])}" for key, label in HEADLINE if key in metrics)
         if self.progress is not None:
             self.progress.update(self.task, completed=step, info=headline)
+        total = f"/{self.total}" if self.total else ""
+        line = f"step {step}{total} | {headline}"
+        self._to_log(line)
         if step % self.every == 0:
-            total = f"/{self.total}" if self.total else ""
-            self.console.print(f"step {step}{total} | {headline}")
+            self.console.print(line, markup=False)
+
+    def _to_log(self, line: str) -> None:
+        if self.log_file is not None:
+            from datetime import datetime
+
+            self.log_file.write(f"{datetime.now():%Y-%m-%d %H:%M:%S.%f}"[:-3] + f" | METRICS  | {line}\n")
 
     def close(self) -> None:
         if self.progress is not None:
@@ -80,8 +96,14 @@ class ConsoleSink:
         if self.curve:
             self.console.print("[bold]training reward (mean score per step)[/]")
             self.console.print(_sparkline(self.curve))
+            self._to_log("training reward: " + _sparkline(self.curve))
         if self.val_curve:
-            self.console.print("[bold]validation reward[/]: " + "  ".join(f"step {s}: {v:.3f}" for s, v in self.val_curve))
+            line = "validation reward: " + "  ".join(f"step {s}: {v:.3f}" for s, v in self.val_curve)
+            self.console.print(line.replace("validation reward", "[bold]validation reward[/]", 1))
+            self._to_log(line)
+        if self.log_file is not None:
+            self.log_file.close()
+            self.log_file = None
 
 
 def _num(value: float) -> str:
