@@ -73,6 +73,8 @@ MALFORMED = [
     ("unknown-launcher", VALID + '\n[launcher]\nname = "kubernetes"\n', "launcher.name", "kubernetes", "available: local"),
     ("unknown-logger", _replace("steps = 3", 'steps = 3\nloggers = ["console", "mlflow"]'), "trainer.loggers", "mlflow", "metrics sink 'mlflow'"),
     ("option-of-another-component", _replace("samples_per_prompt = 2", "samples_per_prompt = 2\ngpu_memory_utilization = 0.5"), "rollout.gpu_memory_utilization", "gpu_memory_utilization", "option of rollout engine 'gpu_toy'"),
+    ("core-key-typo-rollout", _replace("samples_per_prompt = 2", "samples_per_prompt = 2\ntemprature = 0.7"), "rollout.temprature", "temprature", "did you mean 'temperature'? [rollout] takes engine, "),
+    ("core-key-typo-lists-both", _replace("samples_per_prompt = 2", "samples_per_prompt = 2\ntemprature = 0.7"), "rollout.temprature", "temprature", "; rollout engine 'toy' takes speed"),
     ("option-unknown-to-component", _replace("samples_per_prompt = 2", "samples_per_prompt = 2\nsped = 3"), "rollout.sped", "sped", "did you mean 'speed'"),
     ("component-option-out-of-range", _replace("samples_per_prompt = 2", "samples_per_prompt = 2\nspeed = 50"), "rollout.speed", "speed = 50", "less than or equal to 10"),
     ("component-option-wrong-type", _replace('function = "match"', 'function = "match"\nthreshold = "high"'), "reward.threshold", "threshold", "valid number"),

@@ -398,8 +398,9 @@ def _validate_table_options(
             continue
         if not chosen:
             continue  # the selector itself failed; reported already
-        descriptions = []
-        all_fields: list[str] = list(Manifest.model_fields[table].annotation.model_fields)  # type: ignore[union-attr]
+        core_fields = sorted(Manifest.model_fields[table].annotation.model_fields)  # type: ignore[union-attr]
+        descriptions = [f"[{table}] takes " + ", ".join(core_fields)]
+        all_fields: list[str] = list(core_fields)
         for f, kind, c in chosen:
             fields = sorted(c.options.model_fields)
             all_fields += fields
@@ -418,7 +419,7 @@ def _validate_table_options(
         else:
             hint = did_you_mean(key, all_fields)
             if hint:
-                message += f"; did you mean {hint!r}?"
+                message = f"unknown key; did you mean {hint!r}? " + message.removeprefix("unknown key: ")
         col.add(f"{table}.{key}", message)
     for f, kind, c in chosen:
         _validate_options(col, c, per_component[f], table, selected, role=f"{table}.{f}", forbid_extra=False)
