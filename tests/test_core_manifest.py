@@ -193,3 +193,24 @@ def test_group_estimator_with_one_sample_is_rejected(tmp_path, toy_registry):
     problem = info.value.problems[0]
     assert problem.key == "rollout.samples_per_prompt" and problem.line == _line_of(text, "samples_per_prompt")
     assert "every advantage would be zero" in problem.message
+
+
+def test_an_option_of_other_components_names_every_one_that_declares_it(tmp_path, toy_registry):
+    import rlcore
+    from rlcore.components import Component, Options
+
+    class GpuEngineOptions(Options):
+        gpu_memory_utilization: float = 0.5
+
+    class MoreEngines:
+        @rlcore.hookimpl
+        def rlcore_rollout_engines(self):
+            return [Component("gpu_other", "builtins:dict", GpuEngineOptions, "another engine with GPU options")]
+
+    toy_registry.register(MoreEngines(), name="more", distribution="rlcore-more", version="1.0")
+    path = tmp_path / "m.toml"
+    path.write_text(_replace("samples_per_prompt = 2", "samples_per_prompt = 2\ngpu_memory_utilization = 0.5"))
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path, registry=toy_registry, environ={})
+    message = info.value.problems[0].message
+    assert "'gpu_memory_utilization' is an option of rollout engines 'gpu_other' and 'gpu_toy', not of the selected one" in message

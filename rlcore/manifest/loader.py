@@ -408,14 +408,14 @@ def _validate_table_options(
                 f"{kind.replace('_', ' ')} {c.name!r} takes " + (", ".join(fields) if fields else "no options")
             )
         message = "unknown key: " + "; ".join(descriptions)
-        others = [
-            o.name
-            for _, kind, c in chosen
-            for o in registry.components(kind).values()
-            if o.name != c.name and key in o.options.model_fields
-        ]
+        others: dict[str, list[str]] = {}  # kind -> every other installed component declaring the key
+        for _, kind, c in chosen:
+            for o in registry.components(kind).values():
+                if o.name != c.name and key in o.options.model_fields:
+                    others.setdefault(kind, []).append(o.name)
         if others:
-            message = f"{key!r} is an option of {chosen[0][1].replace('_', ' ')} {others[0]!r}, not of the selected one. " + message
+            owners_text = " and ".join(_names_of(kind, names) for kind, names in others.items())
+            message = f"{key!r} is an option of {owners_text}, not of the selected one; " + message.removeprefix("unknown key: ")
         else:
             hint = did_you_mean(key, all_fields)
             if hint:
@@ -423,6 +423,14 @@ def _validate_table_options(
         col.add(f"{table}.{key}", message)
     for f, kind, c in chosen:
         _validate_options(col, c, per_component[f], table, selected, role=f"{table}.{f}", forbid_extra=False)
+
+
+def _names_of(kind: str, names: list[str]) -> str:
+    """``rollout engine 'vllm'``, ``rollout engines 'sglang' and 'vllm'``."""
+    quoted = [repr(n) for n in sorted(names)]
+    if len(quoted) == 1:
+        return f"{kind.replace('_', ' ')} {quoted[0]}"
+    return f"{kind.replace('_', ' ')}s " + ", ".join(quoted[:-1]) + f" and {quoted[-1]}"
 
 
 def _validate_options(
