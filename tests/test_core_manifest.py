@@ -214,3 +214,38 @@ def test_an_option_of_other_components_names_every_one_that_declares_it(tmp_path
         load_manifest(path, registry=toy_registry, environ={})
     message = info.value.problems[0].message
     assert "'gpu_memory_utilization' is an option of rollout engines 'gpu_other' and 'gpu_toy', not of the selected one" in message
+
+
+@pytest.mark.parametrize("variable, value, key", [
+    ("RLCORE_TRAINER__STEPS", "0", "trainer.steps"),
+    ("rlcore_trainer__Steps", "-1", "trainer.steps"),  # as the environment spells it
+    ("RLCORE_TRAINER", '{"steps": 0}', "trainer.steps"),
+    ("RLCORE_TRAINER__STEPS__X", "1", "trainer.steps"),
+    ("RLCORE_ROLLOUT__SPED", "3", "rollout.sped"),
+])
+def test_an_environment_override_error_names_the_variable(tmp_path, toy_registry, variable, value, key):
+    path = tmp_path / "ok.toml"
+    path.write_text(VALID)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path, registry=toy_registry, environ={variable: value, "RLCORE_LOG_LEVEL": "INFO"})
+    problem = next(p for p in info.value.problems if p.key == key)
+    assert f"(from an override: the environment variable {variable})" in problem.message
+    assert problem.line is None
+
+
+def test_an_environment_variable_that_is_not_a_table_is_a_located_error(tmp_path, toy_registry):
+    path = tmp_path / "ok.toml"
+    path.write_text(VALID)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path, registry=toy_registry, environ={"RLCORE_TRAINER": "3"})
+    problem = info.value.problems[0]
+    assert problem.key == "trainer" and problem.file == "<environment>"
+    assert "the environment variable RLCORE_TRAINER must hold a JSON object" in problem.message
+
+
+def test_the_command_line_override_is_named_over_the_environment(tmp_path, toy_registry):
+    path = tmp_path / "ok.toml"
+    path.write_text(VALID)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path, ["trainer.steps=-2"], registry=toy_registry, environ={"RLCORE_TRAINER__STEPS": "0"})
+    assert "(from an override: --set trainer.steps=-2)" in info.value.problems[0].message

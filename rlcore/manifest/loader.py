@@ -133,18 +133,47 @@ def _parse_leaves(node: Any) -> Any:
 
 
 def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    if environ is None:
-        settings = _EnvOverrides()
-    else:
-        old = dict(os.environ)
-        try:
-            os.environ.clear()
-            os.environ.update(environ)
+    """The manifest values the environment sets; a variable that cannot set one is a
+    :class:`ManifestError` naming it."""
+    try:
+        if environ is None:
             settings = _EnvOverrides()
-        finally:
-            os.environ.clear()
-            os.environ.update(old)
+        else:
+            old = dict(os.environ)
+            try:
+                os.environ.clear()
+                os.environ.update(environ)
+                settings = _EnvOverrides()
+            finally:
+                os.environ.clear()
+                os.environ.update(old)
+    except ValidationError as exc:
+        variables = env_variables(environ)
+        problems = []
+        for err in exc.errors():
+            table = str(err["loc"][0]) if err["loc"] else ""
+            variable = variables.get(table, f"RLCORE_{table.upper()}")
+            problems.append(Problem(table, (
+                f"the environment variable {variable} must hold a JSON object of [{table}] keys "
+                f"(or set one key: RLCORE_{table.upper()}__KEY=value); got {_describe(err.get('input'))}"
+            ), file="<environment>"))
+        raise ManifestError(problems) from None
     return {k: _parse_leaves(v) for k, v in settings.model_dump(exclude_none=True).items()}
+
+
+def env_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """dotted key -> the ``RLCORE_...`` variable that sets it, as the environment spells it
+    (``trainer.steps`` -> ``RLCORE_TRAINER__STEPS``; ``trainer`` -> ``RLCORE_TRAINER``)."""
+    environ = os.environ if environ is None else environ
+    tables = set(_EnvOverrides.model_fields)
+    found: dict[str, str] = {}
+    for name in environ:
+        if not name.upper().startswith("RLCORE_"):
+            continue
+        parts = name[len("RLCORE_"):].lower().split("__")
+        if parts[0] in tables:
+            found[".".join(parts)] = name
+    return found
 
 
 # ----------------------------------------------------------------------------- paths
@@ -171,13 +200,16 @@ def resolve_path(value: str, base_dir: Path) -> str:
 
 
 class _Collector:
-    def __init__(self, path: Path, lines: dict[str, int], overridden: set[str]):
-        self.path, self.lines, self.overridden, self.problems = path, lines, overridden, []
+    def __init__(self, path: Path, lines: dict[str, int], overridden: dict[str, str] | None = None):
+        self.path, self.lines, self.problems = path, lines, []
+        self.overridden: dict[str, str] = dict(overridden or {})  # dotted key -> where its value came from
 
     def add(self, key: str, message: str) -> None:
-        origin = next((o for o in self.overridden if key == o or key.startswith(o + ".")), None)
-        if origin is not None:
-            message += " (from an override)"
+        # The override that set this key, a table above it or a key below it; the most specific wins.
+        origins = [o for o in self.overridden if key == o or key.startswith(o + ".") or o.startswith(key + ".")]
+        if origins:
+            origin = max(origins, key=lambda o: (o == key, len(o)))
+            message += f" (from an override: {self.overridden[origin]})"
             line = None
         else:
             line = line_of(self.lines, key)
@@ -251,11 +283,14 @@ def load_manifest(
             message += f" (column {match.group(2)})"
         raise ManifestError([Problem("", f"invalid TOML: {message}", line=line, file=str(shown))]) from None
 
-    col = _Collector(shown, key_lines(text), set())
+    col = _Collector(shown, key_lines(text))
     env = env_overrides(environ)
+    variables = env_variables(environ)
     for table, values in env.items():
         for key in _flatten(values, table):
-            col.overridden.add(key)
+            variable = variables.get(key) or next(
+                (variables[v] for v in sorted(variables, key=len, reverse=True) if key.startswith(v + ".")), None)
+            col.overridden[key] = f"the environment variable {variable}" if variable else "the environment"
     _deep_merge(doc, env)
     for item in overrides:
         key, sep, value = item.partition("=")
@@ -263,7 +298,7 @@ def load_manifest(
         if not sep or not key or not re.fullmatch(r"[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*", key):
             col.problems.append(Problem("", f"--set expects TABLE.KEY=VALUE, got {item!r}", file="<command line>"))
             continue
-        col.overridden.add(key)
+        col.overridden[key] = f"--set {item.strip()}"
         _set_dotted(doc, key, parse_value(value.strip()))
     if col.problems:
         raise ManifestError(col.problems)
