@@ -23,7 +23,10 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
 
 
 class UnknownComponentError(UsageError):
-    def __init__(self, kind: str, name: str, available: Iterable[str], install_hint: str | None = None):
+    def __init__(self, kind: str, name: str, available: Iterable[str], install_hint: str | None = None,
+                 maybe_broken: Iterable[str] = ()):
+        """``maybe_broken``: plugins that failed to load before saying what they provide, each
+        described with its distribution and error (one of them may be the provider)."""
         self.kind, self.name, self.available = kind, name, sorted(available)
         self.suggestion = did_you_mean(name, self.available)
         parts = [f"unknown {kind.replace('_', ' ')} {name!r}"]
@@ -32,6 +35,9 @@ class UnknownComponentError(UsageError):
         elif self.suggestion:
             parts.append(f"did you mean {self.suggestion!r}?")
         parts.append("available: " + (", ".join(self.available) or "(none installed)"))
+        broken = list(maybe_broken)
+        if broken:
+            parts.append("it may come from a plugin that failed to load: " + "; ".join(broken))
         super().__init__("; ".join(parts))
 
 

@@ -187,8 +187,9 @@ class Registry:
         self._components = {kind: {} for kind in KINDS}
         self._conflicts = {}
         for info in self.plugins.values():
-            info.components = {}
-            info.factories = {}
+            if info.status == "ok":  # a broken plugin keeps the names it was seen to provide
+                info.components = {}
+                info.factories = {}
         for kind, (hook_name, _) in KINDS.items():
             hook = getattr(self.pm.hook, hook_name)
             # In registration order: builtins first, then entry points.
@@ -262,14 +263,24 @@ class Registry:
         found = self._components[kind].get(name)
         if found is not None:
             return found
-        broken = [i for i in self.plugins.values() if i.status == "broken" and FIRST_PARTY.get((kind, name)) == i.distribution]
-        if broken:
+        broken = [i for i in self.plugins.values() if i.status == "broken"]
+        providers = [i for i in broken if FIRST_PARTY.get((kind, name)) == i.distribution or name in i.components.get(kind, [])]
+        if providers:
+            info = providers[0]
             raise BrokenPluginError(
-                f"{kind.replace('_', ' ')} {name!r} comes from {broken[0].distribution}, which failed to load: {broken[0].error}"
+                f"{kind.replace('_', ' ')} {name!r} comes from {_plugin_label(info)}, which failed to load: {info.error}"
             )
         available = self._components[kind]
         hint = FIRST_PARTY.get((kind, name))
-        raise UnknownComponentError(kind, name, available, install_hint=hint)
+        # A plugin that failed before saying what it provides (its import, or this kind's hook, failed) may be the one.
+        unknown = [f"{_plugin_label(i)} ({i.error})" for i in broken if kind not in i.components]
+        raise UnknownComponentError(kind, name, available, install_hint=hint, maybe_broken=unknown)
+
+
+def _plugin_label(info: PluginInfo) -> str:
+    """``plugin short from rlcore-short 0.1``, or ``rlcore-short 0.1`` where the names agree."""
+    dist = f"{info.distribution} {info.version}".strip()
+    return dist if info.name in (info.distribution, info.distribution.replace("-", "_")) else f"plugin {info.name!r} of {dist}"
 
 
 def _check_kind(kind: str) -> None:

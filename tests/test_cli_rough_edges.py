@@ -105,3 +105,40 @@ def test_piped_step_lines_are_not_wrapped_and_go_to_run_log(tmp_path, capsys):
     log = (tmp_path / "run.log").read_text()
     assert "step 1/14 | score 0.5312 |" in log and "step 2/14 | score 0.5312 |" in log  # every step
     assert "validation step 2: reward/mean=0.8" in log and "training reward:" in log
+
+
+def test_a_name_from_a_plugin_whose_hook_failed_says_so(rlcore_registry, rlcore_register):
+    import rlcore
+    from rlcore import Component, Options
+    from rlcore.errors import BrokenPluginError
+
+    class HalfBroken:
+        @rlcore.hookimpl
+        def rlcore_rollout_engines(self):
+            return [Component("fancy", "x:y", Options, "an engine")]
+
+        @rlcore.hookimpl
+        def rlcore_reward_functions(self):
+            raise RuntimeError("the reward registry is gone")
+
+    rlcore_register(HalfBroken(), name="half", distribution="rlcore-half", version="2.0")
+    with pytest.raises(BrokenPluginError) as info:
+        rlcore_registry.get("rollout_engine", "fancy")
+    assert "rollout engine 'fancy' comes from plugin 'half' of rlcore-half 2.0, which failed to load" in str(info.value)
+    assert "the reward registry is gone" in str(info.value)
+    rlcore_registry.register(HalfBroken(), name="again", distribution="rlcore-again")  # re-indexes
+    with pytest.raises(BrokenPluginError):
+        rlcore_registry.get("rollout_engine", "fancy")
+
+
+def test_a_reward_from_a_plugin_that_failed_to_import_names_it(tmp_path):
+    from rlcore.testing.runs import run_cli
+
+    env = _fake_distribution(tmp_path / "site", "rlcore_short", "raise ImportError('missing dependency: frobnitz')\n",
+                             dist="rlcore-short")
+    manifest = _starter(tmp_path / "m.toml")
+    proc = run_cli("validate", manifest, "--set", 'reward.function="short"', env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())  # rich may wrap on a narrow terminal
+    assert "unknown reward function 'short'" in out
+    assert "it may come from a plugin that failed to load: rlcore-short 0.1 (ImportError: missing dependency: frobnitz)" in out
