@@ -142,3 +142,43 @@ def test_a_reward_from_a_plugin_that_failed_to_import_names_it(tmp_path):
     out = " ".join(proc.stdout.split())  # rich may wrap on a narrow terminal
     assert "unknown reward function 'short'" in out
     assert "it may come from a plugin that failed to load: rlcore-short 0.1 (ImportError: missing dependency: frobnitz)" in out
+
+
+@pytest.mark.parametrize("target, phrase", [
+    ("python:rewards.py:nosuch", "rewards.py has no function 'nosuch'; defined there: THRESHOLD, score"),
+    ("python:rewards.py:scor", "did you mean 'score'?"),
+    ("python:rewards.py:THRESHOLD", "'THRESHOLD' is not a function but a int value"),
+    ("python:broken.py:score", "importing reward file"),
+    ("python:no_such_package_xyz.rewards:score", "reward module 'no_such_package_xyz.rewards' cannot be imported"),
+])
+def test_validate_checks_a_python_reward_function(tmp_path, target, phrase):
+    import json
+
+    manifest = tmp_path / "m.toml"
+    _starter(manifest)
+    (tmp_path / "rewards.py").write_text("def score(item):\n    return 1.0\n\nTHRESHOLD = 3\n")
+    (tmp_path / "broken.py").write_text("raise RuntimeError('half-written')\n")
+    text = manifest.read_text()
+    text = text.replace('function = "exact_match"', f'function = "{target}"', 1)
+    assert target in text
+    manifest.write_text(text)
+    line = next(i for i, row in enumerate(text.splitlines(), start=1) if target in row)
+    code = (
+        "import sys, json; from rlcore.cli import main; rc = main(['validate', %r]); "
+        "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules}))" % str(manifest)
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"rc": 2, "torch": False}, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert f"{manifest}:{line}: [reward.function]" in out and phrase in out
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_validate_accepts_a_python_reward_that_exists(tmp_path, capsys):
+    manifest = tmp_path / "m.toml"
+    _starter(manifest)
+    (tmp_path / "rewards.py").write_text("def score(item):\n    return 1.0\n")
+    assert main(["validate", str(manifest), "--set", 'reward.function="python:rewards.py:score"']) == 0
+    assert main(["validate", str(manifest), "--set", 'reward.function="python"', "--set", f'reward.target="{tmp_path}/rewards.py:nope"']) == 2
+    assert "[reward.target]" in capsys.readouterr().out

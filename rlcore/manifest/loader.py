@@ -373,6 +373,8 @@ def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry
             if name not in core.trainer.loggers:
                 col.add(f"loggers.{name}", f"options are given for logger {name!r} but trainer.loggers does not enable it")
 
+    _check_targets(col, doc, selected)
+
     if col.problems:
         raise ManifestError(col.problems)
     assert core is not None
@@ -380,6 +382,42 @@ def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry
     if col.problems:
         raise ManifestError(col.problems)
     return ResolvedManifest(path=path, raw=doc, core=core, selected=selected)
+
+
+def _check_targets(col: _Collector, doc: dict[str, Any], selected: dict[str, Selected]) -> None:
+    """The code each selected component's ``target_option`` names (``python:rewards.py:score``)
+    must exist and be callable, so that a misspelled function fails here and not when the run
+    builds it. A file target is loaded (the user's file: no torch unless it imports it); a module
+    target is only looked for, not imported (its package might import anything)."""
+    from rlcore.targets import load_target
+
+    for role, chosen in selected.items():
+        option = chosen.component.target_option
+        target = getattr(chosen.options, option, None) if option else None
+        if not isinstance(target, str):
+            continue
+        table, _, field_name = role.partition(".")
+        written = doc.get(table, {}).get(field_name) if isinstance(doc.get(table), dict) else None
+        if isinstance(written, str) and written.startswith(f"{chosen.component.name}:"):
+            key = role  # given inline: function = "python:rewards.py:score"
+        else:
+            key = f"{role}.{option}" if table in COMPONENT_MAPS else f"{table}.{option}"
+        where, sep, name = target.rpartition(":")
+        if not sep or not where or not name:
+            col.add(key, f"expected 'FILE.py:FUNCTION' or 'package.module:FUNCTION', got {target!r}")
+            continue
+        what = chosen.component.kind.split("_")[0] or "code"  # "reward", "tool": as errors at run time say
+        if not where.endswith(".py"):
+            if importlib.util.find_spec(where.split(".")[0]) is None:
+                col.add(key, f"{what} module {where!r} cannot be imported: no module named {where.split('.')[0]!r}")
+            continue
+        try:
+            obj, origin = load_target(target, what="function", source=what)
+        except RlcoreError as exc:
+            col.add(key, str(exc))
+            continue
+        if not callable(obj):
+            col.add(key, f"{origin}: {name!r} is not a function but a {type(obj).__name__} value")
 
 
 def _lookup(
