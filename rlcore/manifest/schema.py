@@ -135,6 +135,23 @@ class AlgorithmTable(Table):
         None, gt=0, description="token-level truncated importance sampling cap (as rollout_correction = \"token_truncate\")"
     )
 
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO: leave out prompts whose samples all scored the same (nothing to learn from) and generate "
+        "more prompts until the step holds prompts_per_step groups, or max_generation_rounds rounds ran",
+    )
+    max_generation_rounds: int = Field(3, ge=1, le=64, description="dynamic sampling: generation rounds a step at most")
+    overlong_buffer: int = Field(
+        0,
+        ge=0,
+        description="DAPO soft overlong punishment: over the last this many tokens before data.max_response_tokens, "
+        "the score falls linearly by up to overlong_penalty (0 = off)",
+    )
+    overlong_penalty: float = Field(1.0, ge=0.0, description="the largest overlong punishment (at max_response_tokens)")
+    mask_truncated: bool = Field(
+        False, description="leave responses cut at data.max_response_tokens out of the loss (DAPO's overlong filtering)"
+    )
+
     @model_validator(mode="after")
     def _one_correction(self) -> "AlgorithmTable":
         if self.tis_cap is not None and self.rollout_correction != "none":
@@ -196,6 +213,20 @@ class Manifest(Table):
     tools: dict[str, dict] = Field(default_factory=dict, description="[tools.<name>] tables: options of each tool")
     loggers: dict[str, dict] = Field(default_factory=dict, description="[loggers.<name>] tables: options of each sink")
     launcher: LauncherTable = Field(default_factory=LauncherTable)
+
+    @model_validator(mode="after")
+    def _dapo_fits(self) -> "Manifest":
+        if self.algorithm.overlong_buffer > self.data.max_response_tokens:
+            raise ValueError(
+                f"algorithm.overlong_buffer = {self.algorithm.overlong_buffer} is longer than data.max_response_tokens = "
+                f"{self.data.max_response_tokens}; the buffer is the last part of the response length"
+            )
+        if self.algorithm.dynamic_sampling and self.rollout.samples_per_prompt < 2:
+            raise ValueError(
+                "algorithm.dynamic_sampling keeps groups whose samples scored differently, so it needs "
+                f"rollout.samples_per_prompt of 2 or more (it is {self.rollout.samples_per_prompt})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _correct_stale_batches(self) -> "Manifest":

@@ -32,7 +32,7 @@ from rlcore.trainer.checkpoint import Checkpointer
 from rlcore.trainer.data_cursor import DataCursor
 from rlcore.trainer.distributed import Distributed, combine_metrics
 from rlcore.trainer.rollout import Rollout
-from rlcore.trainer.scheduler import Background, Colocated
+from rlcore.trainer.scheduler import Background, BatchMaker, Colocated, Filling
 from rlcore.trainer.scoring import Scorer
 from rlcore.trainer.stopping import Stopped, StopRequest
 
@@ -163,8 +163,14 @@ class RLTrainer:
     def _scheduler(self, engine):
         """Rollout and training take turns, or rollouts run in the background ([rollout] max_staleness)."""
         staleness = self.cfg.rollout.max_staleness
-        common = (self.rollout, self.scorer, self.tokenizer, self.actor.weights_for_engine, self._step_inputs, self.step,
-                  self.cursor)
+        algo = self.cfg.algorithm
+        filling = Filling(
+            dynamic_sampling=algo.dynamic_sampling, max_rounds=algo.max_generation_rounds,
+            overlong_buffer=algo.overlong_buffer, overlong_factor=algo.overlong_penalty,
+            max_response_tokens=self.cfg.data.max_response_tokens,
+        )
+        maker = BatchMaker(self.scorer, self.tokenizer, self._step_inputs, filling)
+        common = (self.rollout, maker, self.actor.weights_for_engine, self.step, self.cursor)
         if staleness is None:
             if self.step and not engine.shares_actor:  # an engine holding its own weights still has the initial ones
                 self.rollout.sync(self.actor.weights_for_engine())
@@ -312,7 +318,13 @@ class RLTrainer:
             staleness = scored.staleness()
             metrics["rollout/staleness/mean"] = sum(staleness) / max(len(staleness), 1)
             metrics["rollout/staleness/max"] = float(max(staleness, default=0))
-            batch = build_batch(trajectories, scored.scores, params.n, group_offset=self.dist.rank * len(scored.prompts))
+            # Group ids unique across ranks, however many groups each kept (dynamic sampling).
+            per_rank = self.cfg.data.prompts_per_step // self.dist.world
+            batch = build_batch(trajectories, scored.scores, params.n, group_offset=self.dist.rank * per_rank)
+            if algo.mask_truncated:
+                truncated = torch.tensor([t.finish_reason == "length" for t in trajectories])
+                batch.response_mask[truncated] = 0
+                metrics["response_length/masked_truncated"] = truncated.float().mean().item()
             self.actor.module.train()
             # With one optimizer step per batch, the update's own forward pass runs on the weights
             # that generated the batch: its detached log-probs are the old ones, at no extra cost.

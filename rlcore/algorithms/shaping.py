@@ -1,0 +1,32 @@
+"""Reward shaping and batch filtering from DAPO (Yu et al., 2025): soft overlong punishment and
+dynamic sampling's informative groups. Plain Python: they act on per-sample numbers before any
+tensor exists."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def overlong_penalty(length: int, max_length: int, buffer: int, factor: float = 1.0) -> float:
+    """DAPO's soft overlong punishment of one response of ``length`` tokens: 0 up to
+    ``max_length - buffer``, then falling linearly to ``-factor`` at ``max_length`` (and below it
+    beyond). ``buffer = 0`` turns it off."""
+    if buffer <= 0:
+        return 0.0
+    start = max_length - buffer
+    if length <= start:
+        return 0.0
+    return -factor * min(length - start, buffer) / buffer
+
+
+def informative_groups(scores: Sequence[float], group_size: int, tolerance: float = 1e-9) -> list[int]:
+    """Indices of the groups (consecutive runs of ``group_size`` samples of one prompt) whose scores
+    are not all equal: the only ones a group-relative advantage learns from."""
+    if group_size < 1 or len(scores) % group_size:
+        raise ValueError(f"{len(scores)} scores do not split into groups of {group_size}")
+    kept = []
+    for group in range(len(scores) // group_size):
+        values = scores[group * group_size : (group + 1) * group_size]
+        if max(values) - min(values) > tolerance:
+            kept.append(group)
+    return kept

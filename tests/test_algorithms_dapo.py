@@ -1,0 +1,113 @@
+"""DAPO's pieces against hand-computed values, the batch refill of dynamic sampling, and an
+end-to-end run of examples/dapo.toml on a tiny model."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from rlcore.algorithms.shaping import informative_groups, overlong_penalty
+from rlcore.interfaces import Prompt, SamplingParams, Trajectory
+from rlcore.trainer.data_cursor import DataCursor
+from rlcore.trainer.scheduler import BatchMaker, Filling
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_overlong_penalty_by_hand():
+    # max 20 tokens, a buffer of 4: free up to 16, then -0.25 a token down to -1 at 20.
+    assert [overlong_penalty(n, 20, 4) for n in (1, 16, 17, 18, 19, 20, 25)] == [0, 0, -0.25, -0.5, -0.75, -1, -1]
+    assert overlong_penalty(18, 20, 4, factor=0.5) == -0.25
+    assert overlong_penalty(20, 20, 0) == 0  # off
+
+
+def test_informative_groups_by_hand():
+    scores = [1, 1, 0, 1, 0, 0, 0.5, 0.5000001]
+    assert informative_groups(scores, 2) == [1, 3]
+    assert informative_groups(scores, 4) == [0, 1]
+    assert informative_groups([1, 1, 1], 1) == []
+    with pytest.raises(ValueError, match="do not split into groups of 3"):
+        informative_groups(scores, 3)
+
+
+class Rounds:
+    """A fake engine + reward: prompt i's samples score as ``plan[i]`` says (uniform or not)."""
+
+    def __init__(self, informative: set[int]):
+        self.informative, self.calls = informative, []
+
+    def inputs(self, step, cursor):
+        indices = cursor.take(2)
+        prompts = [Prompt(token_ids=[i], messages=[], ground_truth=str(i), index=i) for i in indices]
+        return prompts, SamplingParams(n=2, max_new_tokens=4, seed=7)
+
+    def generate(self, prompts, params):
+        self.calls.append((params.seed, [p.index for p in prompts]))
+        return [Trajectory(prompt=p, response_ids=[1] * (3 + k), response_mask=[1] * (3 + k), rollout_logprobs=[0.0] * (3 + k))
+                for p in prompts for k in range(params.n)]
+
+    def score(self, trajectories, tokenizer):
+        scores = [float(k % 2) if t.prompt.index in self.informative else 1.0 for k, t in enumerate(trajectories)]
+        return scores, {"reward/correct": sum(scores) / len(scores)}
+
+
+def _maker(fake, **filling):
+    return BatchMaker(fake, None, fake.inputs, Filling(**filling))
+
+
+def test_dynamic_sampling_refills_the_batch_with_informative_groups():
+    fake = Rounds(informative={1, 2, 3})
+    cursor = DataCursor(size=100, seed=0, shuffle=False)
+    batch, _ = _maker(fake, dynamic_sampling=True, max_rounds=5).make(fake.generate, 0, cursor, 0)
+    # Round 1: prompts 0, 1 (0 is uniform, dropped); round 2: 2, 3 -> 3 groups, 2 wanted.
+    assert [p.index for p in batch.prompts] == [1, 2]
+    assert len(batch.trajectories) == 4 and batch.scores == [0.0, 1.0, 0.0, 1.0]
+    assert batch.metrics["dynamic_sampling/rounds"] == 2 and batch.metrics["dynamic_sampling/groups_dropped"] == 1
+    assert batch.metrics["dynamic_sampling/groups_kept"] == 2 and batch.metrics["dynamic_sampling/groups_padded"] == 0
+    assert len({seed for seed, _ in fake.calls}) == 2  # each round samples with its own seed
+    assert batch.cursor == {"epoch": 0, "offset": 4}  # both rounds' prompts were used up
+
+
+def test_dynamic_sampling_stops_at_its_cap_and_trains_on_what_it_has():
+    fake = Rounds(informative={5})
+    cursor = DataCursor(size=100, seed=0, shuffle=False)
+    batch, _ = _maker(fake, dynamic_sampling=True, max_rounds=3).make(fake.generate, 0, cursor, 0)
+    # Three rounds (prompts 0-5), one informative group; the batch keeps its size with a uniform one.
+    assert len(fake.calls) == 3 and [p.index for p in batch.prompts] == [5, 0]
+    assert batch.metrics["dynamic_sampling/rounds"] == 3 and batch.metrics["dynamic_sampling/groups_dropped"] == 5
+    assert batch.metrics["dynamic_sampling/groups_kept"] == 1 and batch.metrics["dynamic_sampling/groups_padded"] == 1
+
+
+def test_overlong_punishment_is_added_to_the_scores():
+    fake = Rounds(informative=set())
+    batch, _ = _maker(fake, overlong_buffer=2, max_response_tokens=4).make(fake.generate, 0, DataCursor(10, 0, False), 0)
+    # Responses of 3 and 4 tokens, max 4, buffer 2: penalties -0.5 and -1 on a score of 1.
+    assert batch.scores == [0.5, 0.0, 0.5, 0.0]
+    assert batch.metrics["reward/overlong_penalty/mean"] == -0.75
+
+
+@pytest.mark.slow
+def test_the_dapo_example_runs_end_to_end_on_a_tiny_model(tmp_path, tiny_model):
+    from rlcore.cli import main
+    from rlcore.testing.runs import TINY_RUN, read_metrics, write_run_manifest
+
+    doc = tomllib.loads((ROOT / "examples" / "dapo.toml").read_text())
+    algorithm = doc["algorithm"] | {"overlong_buffer": 4, "mask_truncated": True}
+    manifest = write_run_manifest(
+        tmp_path, tiny_model, algorithm=algorithm, rollout={"samples_per_prompt": 4, "temperature": 1.0},
+        data={"max_response_tokens": 8, "prompts_per_step": 4}, trainer={"steps": 2, "lr": 1e-3},
+        reward=TINY_RUN["reward"],
+    )
+    assert main(["run", str(manifest), "--run-dir", str(tmp_path / "run")]) == 0
+    rows = [r for r in read_metrics(tmp_path / "run") if "actor/pg_loss" in r]
+    assert len(rows) == 2
+    for key in ("dynamic_sampling/groups_kept", "dynamic_sampling/groups_dropped", "dynamic_sampling/rounds",
+                "reward/overlong_penalty/mean"):
+        assert key in rows[0], key
+    assert all(1 <= r["dynamic_sampling/rounds"] <= 3 for r in rows)
+    assert all(r["dynamic_sampling/groups_kept"] + r["dynamic_sampling/groups_padded"] == 4 for r in rows)
+    assert all(r["reward/overlong_penalty/mean"] <= 0 for r in rows)
+    # Responses cut at max_response_tokens are out of the loss: as many as were cut.
+    assert all(r["response_length/masked_truncated"] == r["response_length/clip_ratio"] for r in rows)
