@@ -43,3 +43,22 @@ def test_the_plugin_tutorial(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(project / "tests")],
                           capture_output=True, text=True, env={**os.environ, **env}, cwd=project, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_plugin_tutorial_names_the_venv_programs_and_pytest():
+    """The set-up's .venv is never activated: a bare `pip` or `rlcore` is another environment's (or
+    none). And a plugin's tests need pytest, which its `[test]` extra brings."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Write your own plugin"):readme.index("## Layout")]
+    shell = [line.strip() for body in re.findall(r"```bash\n(.*?)```", section, re.S) for line in body.splitlines() if line.strip()]
+    assert shell and all(line.startswith((".venv/bin/", "./scripts/")) for line in shell), shell
+    prose = re.sub(r"```.*?```", "", section, flags=re.S)
+    installs = [c for c in re.findall(r"`([^`\n]*)`", prose) if "pip install" in c or "pytest " in c]
+    assert installs and all(c.startswith((".venv/bin/", "./scripts/")) for c in installs), installs
+    assert ".venv/bin/pip install -e '../rlcore-short[test]'" in section
+    assert ".venv/bin/rlcore plugins" in section
+    assert ".venv/bin/python -m pytest ../rlcore-short/tests" in section
+    pyproject = _block(readme, 'name = "rlcore-short"')
+    import tomllib
+
+    assert tomllib.loads(pyproject)["project"]["optional-dependencies"]["test"] == ["pytest>=8"]
