@@ -191,3 +191,23 @@ def test_template_without_tool_support_gets_a_system_message(tok):
     rendered = plain.apply_chat_template(loop.last_messages[0], tokenize=False)
     expected = plain.encode(rendered, add_special_tokens=False)
     assert expected[: len(t.prompt.token_ids + t.response_ids)] == t.prompt.token_ids + t.response_ids
+
+
+def test_waiting_for_the_tools_slot_is_not_a_timeout(tok):
+    """Twelve calls, two sandbox slots: the last calls wait about 3 s for a slot, longer than the
+    loop's per-call timeout, and still run (the loop queues for the tool before its timeout starts);
+    an infinite loop is still stopped by the sandbox's own limit."""
+    tool = PythonTool(PythonToolOptions(timeout_s=2.0, cpu_time_s=1, max_concurrency=2))
+    loop = build_loop(tok, {"python": tool}, tool_timeout_s=2.5, max_turns=2)
+    benign = "import time\ntime.sleep(0.5)\nprint('done')"
+
+    def script(text: str, i: int) -> str:
+        if TOOL_OUT.search(text):
+            return "finished"
+        return "Let me run it. " + call("while True:\n    pass" if "spin" in text else benign)
+
+    prompts = [prompt_for(tok, "spin" if k == 11 else "sleep", index=k) for k in range(12)]
+    loop.run(prompts, ScriptedEngine(tok, script), SamplingParams(n=1, max_new_tokens=400, stop_token_ids=[tok.eos_token_id]))
+    outputs = [[m["content"] for m in conv if m["role"] == "tool"][0] for conv in loop.last_messages]
+    assert outputs[:11] == ["done"] * 11
+    assert re.search(r"CPU time|wall-clock", outputs[11]) and "timed out after" not in outputs[11]

@@ -14,6 +14,7 @@ error message for the model and a count in the metrics; it never ends the rollou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import threading
 import time
@@ -111,6 +112,7 @@ class ToolLoop:
         self.glue = ChatGlue(tokenizer, [t.schema() for t in tools.values()])
         self._events = EventLoopThread()
         self._semaphore: asyncio.Semaphore | None = None
+        self._gates: dict[str, asyncio.Semaphore] = {}  # per tool with a max_concurrency, on self._events' loop
         self.last_messages: list[list[dict[str, Any]]] = []  # the conversations of the last run (debugging, tests)
 
     # ------------------------------------------------------------------ public
@@ -248,7 +250,9 @@ class ToolLoop:
         timeout = self.options.tool_timeout_s
         started = time.perf_counter()
         try:
-            async with self._semaphore:
+            # Wait for the tool's own slot first, outside the timeout: a call queued behind others on a
+            # busy machine is not a call that hangs (the tool limits each run's time itself).
+            async with self._tool_gate(call.name, tool), self._semaphore:
                 if call.name not in s.created:
                     s.created.add(call.name)
                     await asyncio.wait_for(tool.create(s.id), timeout)
@@ -276,6 +280,17 @@ class ToolLoop:
             except (TypeError, ValueError):
                 pass
         return _truncate(str(result.text), self.options.max_tool_response_chars)
+
+    def _tool_gate(self, name: str, tool: Tool) -> Any:
+        """A semaphore of the tool's ``max_concurrency`` (an optional attribute: the python tool runs
+        that many programs at once and queues the rest), or a no-op for tools without one."""
+        limit = getattr(tool, "max_concurrency", None)
+        if not isinstance(limit, int) or limit < 1:
+            return contextlib.nullcontext()
+        gate = self._gates.get(name)
+        if gate is None:
+            gate = self._gates[name] = asyncio.Semaphore(limit)
+        return gate
 
     async def _release(self, s: _State) -> None:
         for name in s.created:

@@ -43,6 +43,7 @@ def format_result(result: RunResult, max_chars: int) -> tuple[str, bool]:
 
 class PythonTool:
     name = "python"
+    max_concurrency: int | None = None  # calls it runs at once (None: no limit of its own)
 
     def __init__(self, options: PythonToolOptions):
         self.options = options
@@ -64,6 +65,8 @@ class PythonTool:
             self.sandbox = LocalSandbox(
                 self.limits, python=options.python, isolation=options.isolation, max_concurrency=options.max_concurrency
             )
+            # The tool loop queues calls beyond this before its per-call timeout starts (see loop.py).
+            self.max_concurrency = self.sandbox.max_concurrency
 
     def schema(self) -> dict[str, Any]:
         return {
