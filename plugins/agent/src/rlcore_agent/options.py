@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 from typing import Literal
 
-from pydantic import Field
+from loguru import logger
+from pydantic import Field, field_validator, model_validator
 
 from rlcore.components import Options
 
@@ -15,7 +17,11 @@ class ToolLoopOptions(Options):
     parser: Literal["auto", "hermes", "json"] = Field(
         "auto", description="tool-call format: hermes <tool_call> tags, OpenAI JSON, or auto (both)"
     )
-    tool_timeout_s: float = Field(30.0, gt=0, description="a tool call running longer returns an error to the model")
+    tool_timeout_s: float = Field(
+        30.0, gt=0,
+        description="a tool call running longer returns an error to the model (waiting for a tool's free slot, "
+        "e.g. the python tool's max_concurrency, does not count)",
+    )
     max_tool_response_chars: int = Field(4000, ge=16, description="longer tool results are cut (marked) before the model sees them")
     max_tokens_per_turn: int | None = Field(None, ge=1, description="cap of one assistant turn (the whole response is capped by data.max_response_tokens)")
     max_calls_per_turn: int = Field(8, ge=1, description="further calls in one turn get an error message")
@@ -35,12 +41,48 @@ class PythonToolOptions(Options):
     max_output_bytes: int = Field(1_000_000, ge=1024, description="stdout+stderr captured before the program is stopped")
     max_output_chars: int = Field(4000, ge=64, description="characters of output returned to the model (the middle is cut)")
     max_file_mb: int = Field(64, ge=1, description="largest file the code may write")
-    max_concurrency: int = Field(32, ge=1, le=128, description="executions running at once in this process")
-    python: str | None = Field(None, description="interpreter that runs the code (default: the one running rlcore)")
-    isolation: Literal["auto", "bwrap", "none"] = Field(
-        "auto", description="bwrap: bubblewrap namespaces (required); none: rlimits only; auto: bwrap when installed"
+    max_concurrency: int | None = Field(
+        None, ge=1, le=128,
+        description="executions running at once in this process (default: 2 per available CPU core, at most 32); "
+        "further calls wait for a slot, and the wait never counts against timeout_s",
+    )
+    python: str | None = Field(
+        None,
+        description="interpreter that runs the code, with its packages (default: the one running rlcore, virtual "
+        "environment included); checked at start-up to be the Python that really runs inside the sandbox",
+    )
+    isolation: Literal["bubblewrap", "process"] = Field(
+        "bubblewrap",
+        description='bubblewrap (default): namespaces hide the file system, cut the network and contain processes; '
+        'the tool refuses to start where bwrap is missing or cannot create namespaces (apt-get install -y bubblewrap). '
+        'process: explicit opt-in to a weaker sandbox without namespaces (rlimits, a private directory, Landlock where '
+        'the kernel has it, a private uid as root). RISK: without Landlock the code can read every world-readable '
+        'file on the machine (keys, tokens, other users\' data) and, unless rlcore runs as root, leave files in /tmp; '
+        'without root or Landlock ABI 4 it may reach the network. Use it only for trusted models or throwaway machines',
     )
     description: str | None = Field(None, description="tool description shown to the model")
+
+    @field_validator("isolation", mode="before")
+    @classmethod
+    def _renamed(cls, value: object) -> object:
+        if value in ("auto", "bwrap", "none"):
+            raise ValueError(
+                f"isolation = {value!r} is gone: use 'bubblewrap' (the default; refuses to start without bwrap) or "
+                "'process' (an explicit opt-in to the weaker sandbox without namespaces); nothing falls back silently"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _flag_missing_bwrap(self) -> "PythonToolOptions":
+        """`rlcore validate` runs this on the machine it validates on: a cheap PATH lookup, no probe. A
+        warning, not an error: a launcher may run the tool on another machine, where bwrap may be."""
+        if self.sandbox_url is None and self.isolation == "bubblewrap" and shutil.which("bwrap") is None:
+            logger.warning(
+                '[tools.python] isolation = "bubblewrap" (the default), but bwrap is not installed on this machine: '
+                'the python tool will refuse to start here. Install bubblewrap (apt-get install -y bubblewrap) or, '
+                'accepting the risks, set isolation = "process"'
+            )
+        return self
 
 
 class FunctionToolOptions(Options):

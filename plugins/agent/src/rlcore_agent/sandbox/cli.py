@@ -17,9 +17,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--memory-mb", type=int, default=1024, help="address-space limit (requests may lower it)")
     serve.add_argument("--max-processes", type=int, default=16)
     serve.add_argument("--max-output-bytes", type=int, default=1_000_000)
-    serve.add_argument("--max-concurrency", type=int, default=32)
-    serve.add_argument("--isolation", choices=["auto", "bwrap", "none"], default="auto")
-    serve.add_argument("--python", default=None, help="interpreter that runs the code")
+    serve.add_argument("--max-concurrency", type=int, default=None, help="default: 2 per available CPU core, at most 32")
+    serve.add_argument(
+        "--isolation",
+        choices=["bubblewrap", "process"],
+        default="bubblewrap",
+        help="bubblewrap (default; refuses to start without it) or process: no namespaces, explicit opt-in; "
+        "see the agent plugin's README for what it leaves open",
+    )
+    serve.add_argument("--python", default=None, help="interpreter that runs the code (default: this one)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +43,13 @@ def run(args: argparse.Namespace) -> int:
         max_processes=args.max_processes,
         max_output_bytes=args.max_output_bytes,
     )
-    sandbox = LocalSandbox(limits, python=args.python, isolation=args.isolation, max_concurrency=args.max_concurrency)
+    sandbox = LocalSandbox(
+        limits,
+        python=args.python,
+        isolation=args.isolation,
+        max_concurrency=args.max_concurrency,
+        where="rlcore sandbox serve (--isolation, --python):",
+    )
     try:
         uvicorn.run(create_app(sandbox), host=args.host, port=args.port, log_level="warning")
     finally:
