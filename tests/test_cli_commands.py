@@ -159,7 +159,8 @@ def test_plugins_verbose_json_shows_each_factory_and_command(capsys):
     builtin = plugins["rlcore.builtin"]
     assert builtin["factories"]["policy_loss"] == {"ppo_clip": "rlcore.algorithms.losses:build_ppo_clip"}
     assert builtin["factories"]["metrics_sink"]["wandb"] == "rlcore.builtin.loggers:wandb"
-    assert builtin["commands"] == {"data": "rlcore.data.cli:run", "serve": "rlcore.serve.cli:run"}
+    assert {name: builtin["commands"].get(name) for name in ("data", "serve", "plot")} == {
+        "data": "rlcore.data.cli:run", "serve": "rlcore.serve.cli:run", "plot": "rlcore.plotting:run"}
     assert plugins["algo_grpo"]["factories"]["advantage_estimator"]["grpo"] == "rlcore_algo_grpo.estimators:build_grpo"
     for plugin in plugins.values():  # one factory per listed component
         assert {k: sorted(v) for k, v in plugin["factories"].items()} == {k: sorted(v) for k, v in plugin["components"].items()}

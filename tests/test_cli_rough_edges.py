@@ -252,3 +252,96 @@ def test_setup_installs_torch_from_the_index_named_by_rlcore_torch_index(tmp_pat
     proc = _setup(repo, env={"RLCORE_TORCH_INDEX": "https://download.pytorch.org/whl/cpu"})
     assert "torch 2.13.0+cpu is installed already: kept" in proc.stdout
     assert "torch==" not in log.read_text()
+
+
+# ----------------------------------------------------------------------------- curves: rlcore plot, curves.png
+
+
+def _write_metrics(run_dir, steps: int, slope: float, val_every: int = 2, cut_line: bool = False) -> None:
+    import json
+
+    run_dir.mkdir(parents=True)
+    rows = []
+    for step in range(1, steps + 1):
+        rows.append({"step": step, "critic/score/mean": min(1.0, slope * step), "response_length/mean": 20.0 - step,
+                     "actor/pg_loss": 0.1, "bad": None})
+        if step % val_every == 0:
+            rows.append({"step": step, "val/reward/mean": min(1.0, slope * step + 0.1)})
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    (run_dir / "metrics.jsonl").write_text(text + ('{"step": 99, "critic/sc' if cut_line else ""))
+
+
+def _png_size(path) -> tuple[int, int]:
+    import struct
+
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_plot_compares_runs_without_importing_torch(tmp_path):
+    import json
+
+    pytest.importorskip("matplotlib")
+    _write_metrics(tmp_path / "runs" / "a", steps=6, slope=0.1, cut_line=True)
+    _write_metrics(tmp_path / "runs" / "b", steps=4, slope=0.2)
+    out = tmp_path / "compare.png"
+    code = (
+        "import sys, json; from rlcore.cli import main; rc = main(['plot', %r, %r, '--out', %r]); "
+        "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules}))"
+        % (str(tmp_path / "runs" / "a"), str(tmp_path / "runs" / "b" / "metrics.jsonl"), str(out))
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"rc": 0, "torch": False}, proc.stdout + proc.stderr
+    assert "a: 6 steps; training reward 0.1 -> 0.6; validation reward 0.3 -> 0.7; response length 19 -> 14" in proc.stdout
+    assert "b: 4 steps; training reward 0.2 -> 0.8" in proc.stdout and f"wrote {out}" in proc.stdout
+    assert _png_size(out) == (1500, 380)
+
+    assert main(["plot", str(tmp_path / "runs" / "b")]) == 0  # one run: into its directory
+    assert _png_size(tmp_path / "runs" / "b" / "curves.png") == (1500, 380)
+
+
+@pytest.mark.parametrize("make, args, phrase", [
+    (lambda d: None, ["nowhere"], "does not exist"),
+    (lambda d: (d / "empty").mkdir(), ["empty"], "has no metrics.jsonl"),
+    (lambda d: (d / "m.jsonl").write_text('{"step": 1, "actor/pg_loss": 0.1}\n'), ["m.jsonl"], "no step holds critic/score/mean"),
+    (lambda d: _write_metrics(d / "r", 2, 0.1), ["r", "--out", "r/curves.pdf"], "name a .png file"),
+])
+def test_plot_bad_input_is_a_clear_error(tmp_path, make, args, phrase):
+    from rlcore.testing.runs import run_cli
+
+    make(tmp_path)
+    proc = run_cli("plot", *args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert phrase in " ".join(proc.stdout.split()) and "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_plot_is_a_registered_command(capsys):
+    assert main(["plugins", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert "plot" in out and "rlcore.plotting:run" in out
+
+
+def test_the_end_of_a_run_writes_curves_png(tmp_path, capsys):
+    from rlcore.interfaces import BuildContext
+    from rlcore.testing import isolated_registry
+
+    pytest.importorskip("matplotlib")
+    registry = isolated_registry()
+    context = BuildContext(run_dir=str(tmp_path), total_steps=3)
+    console = registry.get("metrics_sink", "console").build({}, context)
+    jsonl = registry.get("metrics_sink", "jsonl").build({}, context)
+    for step in (1, 2, 3):
+        for sink in (console, jsonl):
+            sink.log({"critic/score/mean": step / 4, "response_length/mean": 10.0 + step}, step)
+    jsonl.close()
+    console.close()
+    assert _png_size(tmp_path / "curves.png") == (1500, 380)
+    assert f"curves: {tmp_path / 'curves.png'}" in capsys.readouterr().out
+    assert "curves:" in (tmp_path / "run.log").read_text()
+
+    off = tmp_path / "off"
+    sink = registry.get("metrics_sink", "console").build({"plot": False}, BuildContext(run_dir=str(off)))
+    sink.log({"critic/score/mean": 0.5}, 1)
+    sink.close()
+    assert not (off / "curves.png").exists()

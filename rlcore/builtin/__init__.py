@@ -91,4 +91,10 @@ def rlcore_commands():
             configure="rlcore.serve.cli:configure",
             run="rlcore.serve.cli:run",
         ),
+        Command(
+            name="plot",
+            help="plot runs' reward, validation and response-length curves into a PNG",
+            configure="rlcore.plotting:configure",
+            run="rlcore.plotting:run",
+        ),
     ]

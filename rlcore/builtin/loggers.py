@@ -50,8 +50,14 @@ class ConsoleSink:
         if not self.console.is_terminal:
             self.console = Console(highlight=False, soft_wrap=True)
         run_dir = getattr(context, "run_dir", None)
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.plot = getattr(options, "plot", True)
+        self.rows: list[dict[str, Any]] = []  # for the figure when the run keeps no metrics.jsonl
         # Appended line by line beside the trainer's own log lines (loguru's file sink appends too).
-        self.log_file = open(Path(run_dir) / "run.log", "a", encoding="utf-8", buffering=1) if run_dir else None
+        self.log_file = None
+        if self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.log_file = open(self.run_dir / "run.log", "a", encoding="utf-8", buffering=1)
         self.total = getattr(context, "total_steps", None)
         self.curve: list[tuple[int, float]] = []
         self.val_curve: list[tuple[int, float]] = []
@@ -67,6 +73,7 @@ class ConsoleSink:
             self.progress.start()
 
     def log(self, metrics: dict[str, float], step: int) -> None:
+        self.rows.append({"step": step, **metrics})
         if "val/reward/mean" in metrics:
             self.val_curve.append((step, metrics["val/reward/mean"]))
             line = f"validation step {step}: " + _format({k: v for k, v in metrics.items() if k.startswith("val/")})
@@ -101,9 +108,31 @@ class ConsoleSink:
             line = "validation reward: " + "  ".join(f"step {s}: {v:.3f}" for s, v in self.val_curve)
             self.console.print(line.replace("validation reward", "[bold]validation reward[/]", 1))
             self._to_log(line)
+        if self.plot and self.run_dir is not None and self.rows:
+            self._write_curves()
         if self.log_file is not None:
             self.log_file.close()
             self.log_file = None
+
+
+    def _write_curves(self) -> None:
+        """curves.png from the run's metrics.jsonl (all of a resumed run), else from what this sink saw."""
+        from rlcore.plotting import CURVES_FILE, curves_from_rows, plot_runs, read_run
+
+        try:
+            try:
+                curves = read_run(self.run_dir)
+            except RlcoreError:  # no metrics.jsonl (the jsonl logger is off or renamed)
+                curves = curves_from_rows(self.rows, self.run_dir.name)
+            if not curves.series:
+                return
+            out = plot_runs([curves], self.run_dir / CURVES_FILE)
+        except Exception as exc:  # noqa: BLE001 - a figure must never fail the run it draws
+            line = f"{CURVES_FILE} not written: {exc}"
+        else:
+            line = f"curves: {out}"
+        self.console.print(line, markup=False)
+        self._to_log(line)
 
 
 def _num(value: float) -> str:

@@ -14,6 +14,9 @@ class LocalLauncherOptions(Options):
 class ConsoleOptions(Options):
     every: int = Field(1, ge=1, description="print a table of metrics every N steps")
     live: bool = Field(True, description="a live progress bar when the terminal allows it")
+    plot: bool = Field(
+        True, description="at the end, write curves.png (reward, validation, response length) into the run directory"
+    )
 
 
 class JsonlOptions(Options):
