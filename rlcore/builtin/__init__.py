@@ -86,6 +86,12 @@ def rlcore_commands():
             run="rlcore.data.cli:run",
         ),
         Command(
+            name="eval",
+            help="score a checkpoint or an exported model on validation sets: mean reward and pass@k per data source",
+            configure="rlcore.evaluation:configure",
+            run="rlcore.evaluation:run",
+        ),
+        Command(
             name="serve",
             help="serve a manifest's rollout engine as an OpenAI-compatible endpoint",
             configure="rlcore.serve.cli:configure",

@@ -62,8 +62,11 @@ def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict
 
 
 class RLTrainer:
-    def __init__(self, manifest: ResolvedManifest, run_dir: str | Path, resume: bool = False):
+    def __init__(self, manifest: ResolvedManifest, run_dir: str | Path, resume: bool = False,
+                 checkpoint: Path | None = None):
+        """``checkpoint``: restore this checkpoint directory rather than the run's latest (``rlcore eval``)."""
         self.manifest = manifest
+        self.checkpoint = checkpoint
         self.cfg = manifest.core
         self.run_dir = Path(run_dir)
         self.resume = resume
@@ -90,7 +93,7 @@ class RLTrainer:
             torch.use_deterministic_algorithms(True, warn_only=True)
         torch.manual_seed(cfg.run.seed)
 
-        checkpoint = self.checkpointer.latest() if self.resume else None
+        checkpoint = self.checkpoint or (self.checkpointer.latest() if self.resume else None)
         if self.resume and checkpoint is None:
             logger.warning("--resume: no checkpoint in {}; starting from the beginning", self.run_dir)
 
@@ -276,12 +279,17 @@ class RLTrainer:
             with StopRequest() as stop:
                 self._fit(stop)
         finally:
-            if hasattr(self, "scheduler"):
-                self.scheduler.close()
-            for sink in getattr(self, "sinks", []):
-                sink.close()
-            if hasattr(self, "scorer"):
-                self.scorer.close()
+            self.close()
+
+    def close(self) -> None:
+        """Stop what setup started: the rollout thread, the sinks, the reward workers, the process group."""
+        if hasattr(self, "scheduler"):
+            self.scheduler.close()
+        for sink in getattr(self, "sinks", []):
+            sink.close()
+        if hasattr(self, "scorer"):
+            self.scorer.close()
+        if hasattr(self, "dist"):
             self.dist.close()
 
     def _fit(self, stop: StopRequest) -> None:

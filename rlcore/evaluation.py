@@ -1,0 +1,146 @@
+"""``rlcore eval MANIFEST``: score a trained policy on validation sets, as the run's own validation
+does (same engine, agent loop, reward, sampling and seeds), and write a JSON report.
+
+The policy comes from a checkpoint (``--checkpoint``: a ``step_N`` directory, or a run directory
+for its newest intact one) or from an exported Hugging Face directory (``--model``). Imports
+nothing heavy at module level (the CLI imports this module to build its parser).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rlcore.errors import UsageError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("manifest", help="the run's TOML manifest (its engine, agent loop, reward and [data] val)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--checkpoint", type=Path, help="a checkpoint directory (step_N), or a run directory for its newest intact checkpoint")
+    source.add_argument("--model", type=Path, help="an exported Hugging Face model directory (rlcore's export, or any)")
+    parser.add_argument("--data", action="append", default=[], metavar="[NAME=]SPEC",
+                        help="an evaluation set (a file or synthetic:<task>), repeatable; default: [data] val")
+    parser.add_argument("--samples", type=int, default=None, metavar="K",
+                        help="samples per prompt; pass@K is reported (default: [rollout] val_samples_per_prompt)")
+    parser.add_argument("--max-prompts", type=int, default=None, metavar="N", help="evaluate on at most N prompts of each set")
+    parser.add_argument("--output", type=Path, default=None, help="the JSON report (default: eval.json beside the checkpoint, or in .)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.KEY=VALUE")
+
+
+def _named_sets(specs: list[str], default: str | None) -> dict[str, str]:
+    if not specs:
+        if default is None:
+            raise UsageError("nothing to evaluate on: the manifest has no [data] val; name a set with --data SPEC")
+        return {"val": default}
+    sets: dict[str, str] = {}
+    for spec in specs:
+        name, sep, rest = spec.partition("=")
+        if sep and name and ":" not in name and "/" not in name:
+            sets[name] = rest
+        else:
+            sets[Path(spec.split("?")[0]).stem or spec] = spec
+    return sets
+
+
+def _checkpoint(path: Path) -> Path:
+    from rlcore.trainer.checkpoint import Checkpointer, verify_checkpoint
+
+    if not path.exists():
+        raise UsageError(f"--checkpoint {path}: no such directory")
+    if (path / "checkpoints").is_dir():  # a run directory: its newest intact checkpoint
+        found = Checkpointer(path).latest()
+        if found is None:
+            raise UsageError(f"--checkpoint {path}: the run directory holds no complete checkpoint")
+        return found
+    problem = verify_checkpoint(path)
+    if problem is not None:
+        raise UsageError(f"--checkpoint {path}: {problem}")
+    return path
+
+
+def evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    """Build the run's roles around the chosen weights and validate on each set; the report."""
+    from rlcore.data import load_prompts
+    from rlcore.manifest.loader import load_manifest
+    from rlcore.registry import Registry
+    from rlcore.trainer.rl import RLTrainer
+
+    overrides = list(args.overrides)
+    if args.samples is not None:
+        if args.samples < 1:
+            raise UsageError(f"--samples must be at least 1, got {args.samples}")
+        overrides.append(f"rollout.val_samples_per_prompt={args.samples}")
+    if args.max_prompts is not None and args.max_prompts < 1:
+        raise UsageError(f"--max-prompts must be at least 1, got {args.max_prompts}")
+    manifest = load_manifest(args.manifest, overrides, registry=Registry.discover())
+    checkpoint = _checkpoint(args.checkpoint) if args.checkpoint else None
+    if args.model is not None:
+        if not (args.model / "config.json").is_file():
+            raise UsageError(f"--model {args.model}: not a Hugging Face model directory (no config.json)")
+        model = manifest.core.model
+        model.path, model.gguf_file, model.lora = str(args.model.resolve()), None, None  # an export is merged
+    sets = _named_sets(args.data, manifest.core.data.val)
+    with tempfile.TemporaryDirectory(prefix="rlcore-eval-") as scratch:  # the trainer's sinks write nothing kept
+        trainer = RLTrainer(manifest, scratch, checkpoint=checkpoint)
+        try:
+            trainer.setup()
+            trainer.sinks = []
+            d = manifest.core.data
+            results: dict[str, dict[str, float]] = {}
+            for name, spec in sets.items():
+                limit = args.max_prompts or d.val_max_prompts
+                trainer.val_set = load_prompts(spec, tokenizer=trainer.tokenizer, max_prompt_tokens=d.max_prompt_tokens,
+                                               prompt_key=d.prompt_key, base_dir=manifest.base_dir, limit=limit)
+                metrics = trainer.evaluate()
+                metrics["prompts"] = float(len(trainer.val_set.prompts))
+                results[name] = metrics
+        finally:
+            trainer.close()
+    return {
+        "manifest": str(Path(args.manifest).resolve()),
+        "policy": str(checkpoint or args.model or manifest.core.model.path),
+        "step": trainer.step,
+        "samples_per_prompt": manifest.core.rollout.val_samples_per_prompt,
+        "sets": results,
+    }
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    k = report["samples_per_prompt"]
+    table = Table(title=f"{report['policy']} (step {report['step']})")
+    for column in ("set", "data source", "prompts", "mean reward", "pass@1") + ((f"pass@{k}",) if k > 1 else ()):
+        table.add_column(column, justify="left" if column in ("set", "data source") else "right")
+    for name, metrics in report["sets"].items():
+        sources = sorted(key[len("val/") : -len("/pass@1")] for key in metrics if key.endswith("/pass@1"))
+        for source in sources:
+            row = [name, source, f"{metrics['prompts']:.0f}", f"{metrics[f'val/{source}/reward/mean']:.4f}",
+                   f"{metrics[f'val/{source}/pass@1']:.4f}"]
+            if k > 1:
+                row.append(f"{metrics[f'val/{source}/pass@{k}']:.4f}")
+            table.add_row(*row)
+    Console(soft_wrap=True).print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = evaluate(args)
+    if args.output is not None:
+        output = args.output
+    elif args.checkpoint is not None:
+        output = Path(report["policy"]).parent.parent / "eval" / f"{Path(report['policy']).name}.json"
+    else:
+        output = Path("eval.json")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(output.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(output)
+    _print_table(report)
+    print(f"report: {output}")
+    return 0
