@@ -73,9 +73,10 @@ def slurm_launcher():
 
 @pytest.fixture
 def slow_python(tmp_path) -> Path:
-    """An interpreter wrapper that waits five minutes before running Python: a driver that is
-    still running when a test cancels the job or its time limit passes."""
+    """An interpreter wrapper that waits five minutes before running Python: a job that is still
+    running when a test cancels it or its time limit passes. (The job's first use of the
+    interpreter is finding the rendezvous, whose stdout it reads: the message goes to stderr.)"""
     path = tmp_path / "slow-python"
-    path.write_text(f'#!/bin/sh\necho "slow interpreter: waiting before the driver"\nsleep 300\nexec {sys.executable} "$@"\n')
+    path.write_text(f'#!/bin/sh\necho "slow interpreter: waiting before the driver" >&2\nsleep 300\nexec {sys.executable} "$@"\n')
     path.chmod(0o755)
     return path

@@ -38,17 +38,17 @@ def job_id_in(text: str) -> str:
 
 def test_failing_driver_reports_its_exit_code(slurm_cluster, slurm_launcher, launch_request, capsys, tmp_path):
     """The job runs the real `python -m rlcore run` on a manifest the driver rejects (exit 2)."""
-    code = slurm_launcher(nodes=1, ray="off").launch(launch_request(manifest={"run": {"name": "broken"}}))
+    code = slurm_launcher(nodes=1).launch(launch_request(manifest={"run": {"name": "broken"}}))
     out = capsys.readouterr().out
     assert code == 2
     job = job_id_in(out)
     # The job's log was streamed: the job header, the driver's own error, its exit status.
     assert f"[rlcore] job {job} on rlcore" in out
     assert "problems in the manifest" in out and "[model] required key is missing" in out
-    assert "[rlcore] driver exited with status 2" in out
+    assert "[rlcore] ranks exited with status 2" in out
     assert f"job {job} FAILED with exit code 2" in out
     log = tmp_path / "run" / "launch" / f"slurm-{job}.log"
-    assert "[rlcore] driver exited with status 2" in log.read_text()
+    assert "[rlcore] ranks exited with status 2" in log.read_text()
     # What was submitted is kept beside the driver's manifest.
     assert (tmp_path / "run" / "launch" / "slurm.sbatch").read_text().startswith("#!/bin/bash")
     assert 'name = "broken"' in (tmp_path / "run" / "launch" / "manifest.toml").read_text()
@@ -218,3 +218,15 @@ def test_scontrol_parsing_and_exit_codes():
         assert status.finished and status.exit_status() == 1
         assert status.describe().startswith(f"job 7 {state}: ")
     assert not slurm.JobStatus("7", "RUNNING").finished
+
+
+def test_an_interface_without_an_address_fails_the_job_naming_it(slurm_cluster, slurm_launcher, launch_request, capsys):
+    """The rendezvous needs the first node's address on [launcher] network_interface: a wrong name
+    fails the job before any rank starts, saying which interface of which node."""
+    code = slurm_launcher(network_interface="nosuch0").launch(launch_request())
+    out = capsys.readouterr().out
+    job = job_id_in(out)
+    assert code == 1, out
+    assert "[rlcore] error: no IPv4 address on interface 'nosuch0' ([launcher] network_interface) of" in out
+    assert "rank(s)" not in out  # no rank was started
+    assert f"job {job} FAILED with exit code 1" in out

@@ -108,13 +108,13 @@ def test_submission_waits_for_nothing_once_the_holder_is_killed(slurm_cluster, s
     proc = holder(run_dir)
     before = {j.job_id for j in slurm.list_jobs()}
     with pytest.raises(UsageError, match="in use by another run"):
-        slurm_launcher(nodes=1, ray="off").launch(launch_request(manifest={"run": {"name": "broken"}}, run_dir=run_dir))
+        slurm_launcher(nodes=1).launch(launch_request(manifest={"run": {"name": "broken"}}, run_dir=run_dir))
     assert {j.job_id for j in slurm.list_jobs()} <= before  # nothing was submitted
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     # The lock file stays behind; the kernel released the lock. The job is submitted and its
     # driver runs (and rejects the deliberately broken manifest, exit 2).
     assert (run_dir / ".lock").exists()
-    code = slurm_launcher(nodes=1, ray="off").launch(launch_request(manifest={"run": {"name": "broken"}}, run_dir=run_dir))
+    code = slurm_launcher(nodes=1).launch(launch_request(manifest={"run": {"name": "broken"}}, run_dir=run_dir))
     out = capsys.readouterr().out
-    assert code == 2 and "submitted job" in out and "[rlcore] driver exited with status 2" in out
+    assert code == 2 and "submitted job" in out and "[rlcore] ranks exited with status 2" in out

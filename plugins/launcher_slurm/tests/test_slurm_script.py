@@ -49,7 +49,7 @@ def test_dry_run_renders_resources_and_submits_nothing(slurm_launcher, launch_re
     directives = sbatch_directives(out)
     assert directives[:2] == ["--job-name=rlcore-gsm8k_grpo", "--comment=rlcore"]
     for expected in (
-        "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=16", "--gpus-per-node=4", "--mem=200G",
+        "--nodes=1", "--ntasks-per-node=4", "--cpus-per-task=16", "--gpus-per-node=4", "--mem=200G",  # a rank per GPU
         "--partition=gpu", "--account=proj1", "--time=4:00:00",
         f"--output={run_dir}/launch/slurm-%j.log", f"--chdir={run_dir}",
     ):
@@ -69,40 +69,75 @@ def test_defaults_leave_resources_to_slurm(slurm_launcher, launch_request, capsy
     assert f"RLCORE_PYTHON={shlex.quote(sys.executable)}" in render(slurm_launcher, launch_request, capsys)
 
 
-def test_one_node_starts_ray_only_when_installed(slurm_launcher, launch_request, capsys):
-    out = render(slurm_launcher, launch_request, capsys, nodes=1)
-    assert "if in_job \"$RLCORE_PYTHON\" -c 'import ray'" in out
-    assert "Ray is not installed: running the driver without a Ray cluster" in out
-    off = render(slurm_launcher, launch_request, capsys, nodes=1, ray="off")
-    assert "--head" not in off and "RLCORE_USE_RAY" not in off
+def test_one_rank_by_default_one_per_gpu_with_gpus(slurm_launcher, launch_request, capsys):
+    out = render(slurm_launcher, launch_request, capsys)
+    assert "--ntasks-per-node=1" in sbatch_directives(out)
+    assert "RLCORE_SRUN=(srun --kill-on-bad-exit=1 --nodes=1 --ntasks-per-node=1)" in out
+    assert "OMP_NUM_THREADS" not in out  # one rank on the node: torch's own default
+    gpus = render(slurm_launcher, launch_request, capsys, nodes=2, gpus_per_node=8)
+    assert {"--nodes=2", "--ntasks-per-node=8", "--gpus-per-node=8"} <= set(sbatch_directives(gpus))
+    assert "export LOCAL_WORLD_SIZE=8" in gpus
+    assert "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}" in gpus  # as torchrun: one thread per rank
+    assert "srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=8)" in gpus
+    # Fewer ranks than GPUs (an engine may use the others), each with its CPUs.
+    fewer = render(slurm_launcher, launch_request, capsys, gpus_per_node=8, ranks_per_node=4, cpus_per_task=6)
+    assert {"--ntasks-per-node=4", "--cpus-per-task=6"} <= set(sbatch_directives(fewer))
+    assert "--ntasks-per-node=4 --cpus-per-task=6)" in fewer
+    assert "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-6}" in fewer
 
 
-def test_multi_node_head_and_workers(slurm_launcher, launch_request, capsys):
-    out = render(
-        slurm_launcher, launch_request, capsys,
-        nodes=4, gpus_per_node=8, cpus_per_task=32, network_interface="ib0", ray_port=6390, ray_join_timeout=90,
-    )
-    assert "RLCORE_USE_RAY=1" in out and "import ray'" not in out  # several nodes always need Ray
-    assert "RLCORE_IFACE=ib0" in out
-    assert "RLCORE_RAY_PORT=6390" in out
-    assert "RLCORE_RAY_TIMEOUT=90" in out
-    assert "RLCORE_RAY_START=(--block --disable-usage-stats --num-cpus=32 --num-gpus=8)" in out
-    # Head on the first node, bound explicitly; workers on the others, bound to their own address.
-    head = out.index('start --head --node-ip-address="$RLCORE_HEAD_IP"')
-    workers = out.index('for node in "${RLCORE_NODES[@]:1}"')
-    worker = out.index('start --address="$RAY_ADDRESS" --node-ip-address="$ip"')
-    join_all = out.index('then wait_for_ray "${#RLCORE_NODES[@]}"')
-    driver = out.index('"${RLCORE_WRAP[@]}" "${RLCORE_DRIVER[@]}" &')
-    assert head < workers < worker < join_all < driver
-    assert 'on_node "$RLCORE_HEAD"' in out and 'on_node "$node"' in out
-    assert "srun --nodes=1 --ntasks=1 --overlap -w \"$node\"" in out
-    assert "trap stop_ray EXIT" in out
+def _rank_sh(script: str) -> str:
+    return shlex.split(re.search(r"^RLCORE_RANK_SH=(.*?)\nRLCORE_DRIVER=", script, re.M | re.S).group(1))[0]
 
 
-def test_port_defaults_to_one_derived_from_the_job_id(slurm_launcher, launch_request, capsys):
-    out = render(slurm_launcher, launch_request, capsys, nodes=2)
-    assert "RLCORE_RAY_PORT=$((20000 + SLURM_JOB_ID % 20000))" in out
-    assert "RLCORE_IFACE=''" in out
+def test_every_rank_starts_through_srun_with_torchrun_variables(slurm_launcher, launch_request, capsys):
+    out = render(slurm_launcher, launch_request, capsys, nodes=4, ranks_per_node=2, network_interface="ib0")
+    assert "ray" not in out.lower().replace("array", "")  # no Ray cluster in the job
+    # The rendezvous is the first node's address on the interface, and a free port found there.
+    assert 'RLCORE_RENDEZVOUS=$(in_job "$RLCORE_PYTHON" -c "$RLCORE_RENDEZVOUS_PY" ib0 0)' in out
+    assert "export MASTER_ADDR MASTER_PORT" in out
+    assert "export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-ib0} NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-ib0}" in out
+    rank_sh = _rank_sh(out)
+    assert "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS" in rank_sh
+    assert 'trap "" USR1' in rank_sh  # only the trainer acts on USR1, not the processes it starts
+    launch = '"${RLCORE_SRUN[@]}" "${RLCORE_WRAP[@]}" bash -c "$RLCORE_RANK_SH" rlcore-rank "${RLCORE_DRIVER[@]}" &'
+    assert launch in out
+    assert out.index("export MASTER_ADDR") < out.index(launch)
+    # USR1 goes on to srun (which hands it to every rank); TERM is not handed on.
+    assert 'kill -s USR1 "$RLCORE_SRUN_PID"' in out
+    assert "kill -s TERM" not in out
+    fixed = render(slurm_launcher, launch_request, capsys, nodes=2, master_port=29500)
+    assert "\"$RLCORE_RENDEZVOUS_PY\" '' 29500)" in fixed
+    assert "GLOO_SOCKET_IFNAME" not in fixed
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_rank_wrapper_sets_the_variables_and_names_a_failed_rank(slurm_launcher, launch_request, capsys, tmp_path):
+    """The task wrapper, run as srun would run it (SLURM's variables set by hand)."""
+    rank_sh = _rank_sh(render(slurm_launcher, launch_request, capsys, nodes=2, ranks_per_node=2))
+    stopped = tmp_path / "job-7.stopped"
+    slurm_env = {"PATH": "/usr/bin:/bin", "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4",
+                 "SLURM_NODEID": "1", "SLURMD_NODENAME": "node7", "RLCORE_STOPPED_FILE": str(stopped)}
+
+    def task(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", rank_sh, "rlcore-rank", *argv], env=slurm_env, capture_output=True, text=True)
+
+    proc = task("bash", "-c", 'echo "$RANK $LOCAL_RANK $WORLD_SIZE $NODE_RANK"')
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "3 1 4 1\n", "")
+    proc = task("bash", "-c", "kill -9 $$")
+    assert proc.returncode == 137
+    assert "[rlcore] error: rank 3 (local rank 1 on node node7) exited with status 137 (signal 9)" in proc.stderr
+    assert not stopped.exists()
+    # A rank that stopped for USR1 (checkpoint written, exit 138) is no failure for srun, which
+    # would end the other ranks while they finish the same stop; the job reads the status back.
+    proc = task("bash", "-c", "exit 138")
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert stopped.read_text() == "138\n"
+    # USR1 (srun hands it to every process of the step) is ignored by the wrapper and by what it
+    # starts, until a process installs a handler (the trainer does).
+    proc = task(sys.executable, "-c", "import os, signal; os.kill(os.getppid(), signal.SIGUSR1); "
+                "os.kill(os.getpid(), signal.SIGUSR1); print('alive')")
+    assert (proc.returncode, proc.stdout) == (0, "alive\n"), proc.stderr
 
 
 def test_container_wraps_every_command(slurm_launcher, launch_request, capsys, tmp_path):
@@ -116,9 +151,10 @@ def test_container_wraps_every_command(slurm_launcher, launch_request, capsys, t
         "--bind", "/models:/models:ro", "/images/rl.sif",
     ]
     assert "command -v apptainer" in out
-    # The driver, the Ray processes and the node checks all go through the wrapper.
+    # The rendezvous and every rank run through the wrapper.
     assert 'in_job() { "${RLCORE_WRAP[@]}" "$@"; }' in out
-    assert '-w "$node" "${RLCORE_WRAP[@]}" "$@"' in out
+    assert 'RLCORE_RENDEZVOUS=$(in_job ' in out
+    assert '"${RLCORE_SRUN[@]}" "${RLCORE_WRAP[@]}" bash -c' in out
     no_gpu = render(slurm_launcher, launch_request, capsys, container="/images/rl.sif")
     assert "--nv" not in re.search(r"^RLCORE_WRAP=\((.*)\)$", no_gpu, re.M).group(1)
     plain = render(slurm_launcher, launch_request, capsys)
@@ -149,7 +185,7 @@ def test_resume_is_passed_to_the_driver(slurm_launcher, launch_request, capsys):
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-@pytest.mark.parametrize("options", [{}, {"nodes": 3, "network_interface": "lo"}, {"container": "/x.sif", "env": {"A": "b c"}}])
+@pytest.mark.parametrize("options", [{}, {"nodes": 3, "network_interface": "lo", "ranks_per_node": 2, "master_port": 29500}, {"container": "/x.sif", "env": {"A": "b c"}}])
 def test_rendered_script_is_valid_bash(slurm_launcher, launch_request, capsys, tmp_path, options):
     script = tmp_path / "job.sh"
     script.write_text(render(slurm_launcher, launch_request, capsys, **options).split("[rlcore slurm] dry run")[0])
@@ -168,7 +204,10 @@ def test_rendered_script_is_valid_bash(slurm_launcher, launch_request, capsys, t
         ({"env": {"1BAD": "x"}}, "env", "environment variable names"),
         ({"sbatch_extra": ["qos=high"]}, "sbatch_extra", "sbatch option"),
         ({"sbatch_extra": ["--qos=high\n#SBATCH --x"]}, "sbatch_extra", "without newlines"),
-        ({"nodes": 2, "ray": "off"}, "", 'ray = "off" needs nodes = 1'),
+        ({"nodes": 2, "ray": "off"}, "ray", "Extra inputs are not permitted"),  # no Ray cluster any more
+        ({"gpus_per_node": 2, "ranks_per_node": 3}, "", "each rank needs a GPU of its own"),
+        ({"ranks_per_node": 0}, "ranks_per_node", "greater than or equal to 1"),
+        ({"master_port": 80}, "master_port", "greater than or equal to 1024"),
         ({"poll_interval": 0}, "poll_interval", "greater than 0"),
         ({"nodez": 2}, "nodez", "Extra inputs are not permitted"),
     ],

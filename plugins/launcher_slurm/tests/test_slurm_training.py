@@ -1,9 +1,9 @@
 """`rlcore run` with `[launcher] name = "slurm"`, end to end: the CLI submits a real batch job whose
-driver is a real `python -m rlcore run` CPU training run of a tiny random model, and follows it."""
+ranks are real `python -m rlcore run` CPU training runs of a tiny random model, and follows it.
+The several-node runs are in test_slurm_ranks.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shlex
@@ -36,13 +36,6 @@ def tiny_manifest(directory: Path, model: Path, steps: int = 2, **launcher) -> P
     return path
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    from rlcore.testing.models import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("slurm-tiny-model"))
-
-
 def rlcore(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "rlcore", *args], capture_output=True, text=True, timeout=timeout
@@ -66,8 +59,8 @@ def test_cli_dry_run_prints_the_script(tmp_path):
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_training_run_as_a_slurm_job(slurm_cluster, tmp_path, tiny_model_dir):
-    manifest = tiny_manifest(tmp_path, tiny_model_dir, steps=2, nodes=1, ray="off", cpus_per_task=1, time="10")
+def test_training_run_as_a_slurm_job(slurm_cluster, tmp_path, tiny_model):
+    manifest = tiny_manifest(tmp_path, tiny_model, steps=2, nodes=1, cpus_per_task=1, time="10")
     run_dir = tmp_path / "out"
     proc = rlcore("run", str(manifest), "--run-dir", str(run_dir), "--set", "trainer.steps=3")
     out = proc.stdout
@@ -76,7 +69,7 @@ def test_training_run_as_a_slurm_job(slurm_cluster, tmp_path, tiny_model_dir):
     # The job's log was streamed while it ran: the driver trained for the overridden 3 steps.
     for step in (1, 2, 3):
         assert re.search(rf"^step {step}/3 \|", out, re.M), out
-    assert "[rlcore] driver exited with status 0" in out
+    assert "[rlcore] ranks exited with status 0" in out
     assert f"[rlcore slurm] job {job} COMPLETED" in out
     log = (run_dir / "launch" / f"slurm-{job}.log").read_text()
     assert "step 3/3" in log
@@ -91,42 +84,12 @@ def test_training_run_as_a_slurm_job(slurm_cluster, tmp_path, tiny_model_dir):
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_two_nodes_start_a_ray_cluster_before_the_driver(slurm_cluster, tmp_path, tiny_model_dir):
-    """Ray head on the first node, a worker on the second, both bound to 127.0.0.1 (interface lo)."""
-    if slurm_cluster < 2:
-        pytest.skip("the test cluster has one node (RLCORE_SLURM_NODES=1)")
-    manifest = tiny_manifest(
-        tmp_path, tiny_model_dir, steps=1, nodes=2, network_interface="lo", cpus_per_task=1, time="10",
-        ray_join_timeout=240,
-    )
-    run_dir = tmp_path / "out"
-    proc = rlcore("run", str(manifest), "--run-dir", str(run_dir))
-    out = proc.stdout
-    job = re.search(r"submitted job (\d+)", out).group(1)
-    assert f"is running on rlcore[1-2]" in out
-    assert re.search(r"\[rlcore\] Ray head on rlcore1 at 127\.0\.0\.1:\d+", out), out
-    if importlib.util.find_spec("ray") is None:
-        # Without Ray the job fails at once, saying why, and the driver never starts.
-        assert proc.returncode == 1, out
-        assert "a Ray process exited while the cluster was starting" in out
-        assert "[rlcore] driver on" not in out
-        return
-    assert proc.returncode == 0, out + proc.stderr
-    assert "[rlcore] Ray worker on rlcore2 at 127.0.0.1" in out
-    assert "[rlcore] Ray: 2 of 2 node(s) joined" in out
-    assert out.index("Ray: 2 of 2") < out.index("[rlcore] driver on rlcore1")
-    assert re.search(r"^step 1/1 \|", out, re.M)
-    assert f"job {job} COMPLETED" in out
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_signal_ahead_of_the_time_limit_checkpoints_the_step(slurm_cluster, tmp_path, tiny_model_dir):
+def test_signal_ahead_of_the_time_limit_checkpoints_the_step(slurm_cluster, tmp_path, tiny_model):
     """What `#SBATCH --signal=B:USR1@N` delivers ahead of the time limit, sent now with scancel:
     the batch shell hands it to the driver, which finishes its step, checkpoints and stops."""
     import time
 
-    manifest = tiny_manifest(tmp_path, tiny_model_dir, steps=200, nodes=1, ray="off", cpus_per_task=1, time="10")
+    manifest = tiny_manifest(tmp_path, tiny_model, steps=200, nodes=1, cpus_per_task=1, time="10")
     run_dir = tmp_path / "out"
     follower = subprocess.Popen([sys.executable, "-m", "rlcore", "run", str(manifest), "--run-dir", str(run_dir),
                                  "--set", "trainer.save_every=0"],
@@ -143,7 +106,7 @@ def test_signal_ahead_of_the_time_limit_checkpoints_the_step(slurm_cluster, tmp_
     out, _ = follower.communicate(timeout=300)
     assert "#SBATCH --signal=B:USR1@120" in (run_dir / "launch" / "slurm.sbatch").read_text()
     assert "[rlcore] USR1 received" in out, out
-    assert "[rlcore] driver exited with status 138" in out, out
+    assert "[rlcore] ranks exited with status 138" in out, out
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if '"actor/pg_loss"' in line]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{steps[-1]:06d}"
     assert follower.returncode != 0

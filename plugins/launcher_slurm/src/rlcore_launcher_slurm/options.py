@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
-
 from pydantic import Field, field_validator, model_validator
 
 from rlcore.components import Options
@@ -36,10 +34,15 @@ def time_limit_seconds(value: str | None) -> int | None:
 class SlurmOptions(Options):
     """How to ask SLURM for resources and what to run inside the allocation."""
 
-    nodes: int = Field(1, ge=1, le=4096, description="nodes in the allocation; more than 1 starts a Ray cluster")
+    nodes: int = Field(1, ge=1, le=4096, description="nodes in the allocation; every node runs ranks_per_node training ranks")
     gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node (--gpus-per-node); 0 asks for none")
+    ranks_per_node: int | None = Field(
+        None, ge=1, le=256,
+        description="training ranks (SLURM tasks) per node: default one per GPU, or 1 without GPUs; "
+        "on CPU each rank is a process with its own share of the node's cores (cpus_per_task)",
+    )
     cpus_per_task: int | None = Field(
-        None, ge=1, le=4096, description="CPUs for the one task per node (--cpus-per-task); default: SLURM's"
+        None, ge=1, le=4096, description="CPUs for each rank (--cpus-per-task); default: SLURM's"
     )
     mem: str | None = Field(None, description='memory per node, e.g. "64G" or "0" for all of it (--mem)')
     partition: str | None = Field(None, description="the partition (default: the cluster's default partition)")
@@ -54,17 +57,14 @@ class SlurmOptions(Options):
         default_factory=list, description="extra paths bound into the container (the run directory always is)"
     )
     network_interface: str | None = Field(
-        None, description='the interface whose IPv4 address Ray binds on each node, e.g. "ib0" (default: the first address of `hostname -I`)'
+        None,
+        description='the interface the ranks talk over, e.g. "ib0": MASTER_ADDR is the first node\'s IPv4 address on it, '
+        "and GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME name it (default: the first node's address toward the default route)",
     )
-    ray: Literal["auto", "on", "off"] = Field(
-        "auto",
-        description="start a Ray cluster in the allocation: auto = always with several nodes, "
-        "with one node only when Ray is installed; off is only allowed with one node",
+    master_port: int | None = Field(
+        None, ge=1024, le=65535,
+        description="the rendezvous port on the first node (MASTER_PORT; default: a port free there when the job starts)",
     )
-    ray_port: int | None = Field(
-        None, ge=1024, le=65535, description="the Ray head's GCS port (default: derived from the job id, to avoid clashes)"
-    )
-    ray_join_timeout: float = Field(300.0, gt=0, le=7200, description="seconds to wait for every node to join Ray")
     stop_signal_s: int = Field(
         120, ge=0, le=86400,
         description="seconds before the time limit when SLURM sends the job SIGUSR1 (sbatch --signal=B:USR1@N), "
@@ -130,15 +130,14 @@ class SlurmOptions(Options):
         return lines
 
     @model_validator(mode="after")
-    def _ray_needs_it(self) -> "SlurmOptions":
-        if self.ray == "off" and self.nodes > 1:
-            raise ValueError(f"ray = \"off\" needs nodes = 1 (got nodes = {self.nodes}): several nodes work together through Ray")
+    def _ranks_fit_the_gpus(self) -> "SlurmOptions":
+        if self.gpus_per_node and self.ranks_per_node and self.ranks_per_node > self.gpus_per_node:
+            raise ValueError(
+                f"ranks_per_node = {self.ranks_per_node} is more than gpus_per_node = {self.gpus_per_node}: "
+                "each rank needs a GPU of its own (NCCL cannot put two ranks on one GPU)"
+            )
         return self
 
-    def uses_ray(self) -> bool | None:
-        """True: start Ray; False: don't; None: start it when Ray imports on the node (``auto`` with one node)."""
-        if self.ray == "on" or self.nodes > 1:
-            return True
-        if self.ray == "off":
-            return False
-        return None
+    def ranks(self) -> int:
+        """Training ranks per node: ``ranks_per_node``, else one per GPU, else 1."""
+        return self.ranks_per_node or self.gpus_per_node or 1

@@ -15,7 +15,7 @@ def rlcore_launchers():
             name="slurm",
             factory="rlcore_launcher_slurm.launcher:build",
             options=SlurmOptions,
-            description="submits the run as a SLURM batch job (a Ray cluster across its nodes) and follows it",
+            description="submits the run as a SLURM batch job (srun starts a rank per GPU on every node) and follows it",
         )
     ]
 

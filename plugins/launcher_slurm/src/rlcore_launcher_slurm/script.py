@@ -1,9 +1,12 @@
-"""Renders the sbatch script of a run: SLURM options, a Ray cluster across the nodes, the driver.
+"""Renders the sbatch script of a run: SLURM options, the rendezvous, one training rank per task.
 
-The script is the whole plan of the job, readable on its own (``rlcore run --dry-run`` prints it):
-the batch step runs on the allocation's first node, starts a Ray head there and a Ray worker on
-every other node (each through ``srun --overlap``, bound to the node's address on the chosen
-interface), waits until every node has joined, then runs the driver on the first node.
+The script is the whole plan of the job, readable on its own (``rlcore run --dry-run`` prints it).
+The batch step runs on the allocation's first node: it finds that node's address and a free port
+(MASTER_ADDR, MASTER_PORT), then starts every rank with one ``srun`` (``ranks_per_node`` tasks on
+each node). Each task sets torchrun's variables from SLURM's (RANK from SLURM_PROCID, LOCAL_RANK
+from SLURM_LOCALID, WORLD_SIZE from SLURM_NTASKS) and runs the driver, which is then one rank of
+the run (rlcore/trainer/distributed.py). SLURM tracks every rank: ``--kill-on-bad-exit`` ends the
+step when one fails, and the rank's wrapper names it.
 """
 
 from __future__ import annotations
@@ -18,42 +21,52 @@ JOB_PREFIX = "rlcore-"
 COMMENT = "rlcore"
 LOG_PATTERN = "slurm-%j.log"
 
-# Prints the IPv4 address of the interface named in argv[1], or of the default route.
-_NODE_IP = r"""
+# Prints the rendezvous "ADDRESS PORT": the IPv4 address of the interface named in argv[1] (or of
+# the default route when it is empty), and argv[2] as the port, or a port free here when it is 0.
+_RENDEZVOUS = r"""
 import socket, sys
-iface = sys.argv[1] if len(sys.argv) > 1 else ""
+iface, port = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 if iface:
     import fcntl, struct
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", iface[:15].encode()))
     except OSError as exc:
-        sys.exit(f"no IPv4 address on interface {iface!r} of {socket.gethostname()}: {exc}")
-    print(socket.inet_ntoa(packed[20:24]))
+        sys.exit(f"[rlcore] error: no IPv4 address on interface {iface!r} ([launcher] network_interface) of {socket.gethostname()}: {exc}")
+    address = socket.inet_ntoa(packed[20:24])
 else:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         s.connect(("10.254.254.254", 1))
-        print(s.getsockname()[0])
+        address = s.getsockname()[0]
     except OSError:
-        print(socket.gethostbyname(socket.gethostname()))
+        address = socket.gethostbyname(socket.gethostname())
+if not port:
+    with socket.socket() as free:
+        free.bind(("", 0))
+        port = free.getsockname()[1]
+print(address, port)
 """.strip()
 
-# Prints how many Ray nodes are alive at argv[1] (0 while the head is not reachable yet).
-_RAY_NODES = r"""
-import socket, sys
-host, _, port = sys.argv[1].rpartition(":")
-try:
-    socket.create_connection((host, int(port)), timeout=2).close()
-except OSError:
-    print(0); sys.exit(0)
-import ray
-ray.init(address=sys.argv[1], _node_ip_address=host, logging_level="ERROR", log_to_driver=False)
-print(sum(1 for n in ray.nodes() if n.get("Alive")))
+# What each task runs: torchrun's variables from SLURM's, then the driver as a child, so that a
+# rank that fails is named in the job's log. USR1 is ignored here and in what the driver starts
+# (reward workers, engine servers): srun hands a signal to every process of the step, and only the
+# trainer, which installs its own handler, must act on it (rlcore/trainer/stopping.py). TERM is
+# trapped so the wrapper outlives it; the driver gets SLURM's TERM itself. A rank that stopped for
+# USR1 or TERM (128 + 10 or 15) exits 0 for srun, whose --kill-on-bad-exit would otherwise end the
+# ranks still finishing the same stop, and leaves its status in RLCORE_STOPPED_FILE for the job.
+_RANK = r"""
+trap "" USR1
+trap : TERM
+export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS NODE_RANK=$SLURM_NODEID GROUP_RANK=$SLURM_NODEID
+"$@"
+status=$?
+case "$status" in
+    0) ;;
+    138|143) echo "$status" > "$RLCORE_STOPPED_FILE"; status=0 ;;
+    *) echo "[rlcore] error: rank $RANK (local rank $LOCAL_RANK on node $SLURMD_NODENAME) exited with status $status$( [ "$status" -gt 128 ] && echo " (signal $((status - 128)))")" >&2 ;;
+esac
+exit "$status"
 """.strip()
-
-# Runs the `ray` command line from the Python that runs rlcore.
-_RAY_CLI = "import sys; from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()"
 
 
 def job_name(options: SlurmOptions, manifest: dict) -> str:
@@ -89,9 +102,9 @@ def render(
     driver: Sequence[str],
     python: str,
 ) -> str:
-    """The sbatch script that runs ``driver`` (an argv) in an allocation described by ``options``."""
+    """The sbatch script that runs ``driver`` (an argv) as every rank of an allocation described by ``options``."""
     run_dir = Path(run_dir)
-    ray = options.uses_ray()
+    ranks = options.ranks()
     lines = [
         "#!/bin/bash",
         f"# rlcore run {manifest.get('run', {}).get('name', '')!s}: rendered by rlcore-launcher-slurm.",
@@ -99,7 +112,7 @@ def render(
         _directive("--job-name", job_name(options, manifest)),
         _directive("--comment", COMMENT),
         _directive("--nodes", options.nodes),
-        _directive("--ntasks-per-node", 1),
+        _directive("--ntasks-per-node", ranks),
     ]
     if options.cpus_per_task is not None:
         lines.append(_directive("--cpus-per-task", options.cpus_per_task))
@@ -115,8 +128,8 @@ def render(
         lines.append(_directive("--time", options.time))
     limit = time_limit_seconds(options.time)
     if options.stop_signal_s and (limit is None or options.stop_signal_s < limit):
-        # Ahead of the time limit the batch shell gets SIGUSR1 and hands it to the driver, which
-        # finishes its step and checkpoints (rlcore/trainer/stopping.py); `--resume` continues.
+        # Ahead of the time limit the batch shell gets SIGUSR1 and hands it to the ranks, which
+        # finish their step and checkpoint (rlcore/trainer/stopping.py); `--resume` continues.
         lines.append(_directive("--signal", f"B:USR1@{options.stop_signal_s}"))
     elif options.stop_signal_s:
         lines.append(f"# No --signal: stop_signal_s = {options.stop_signal_s} is not below the time limit ({limit} s).")
@@ -152,121 +165,77 @@ def render(
         lines.append("RLCORE_WRAP=()")
     lines += [
         'in_job() { "${RLCORE_WRAP[@]}" "$@"; }',
-        'on_node() { local node=$1; shift; srun --nodes=1 --ntasks=1 --overlap -w "$node" "${RLCORE_WRAP[@]}" "$@"; }',
         "",
         'echo "[rlcore] job $SLURM_JOB_ID on $SLURM_JOB_NODELIST"',
         'mapfile -t RLCORE_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         "",
     ]
-    lines += _ray_section(options, ray)
+    lines += _rendezvous_section(options)
+    srun = ["srun", "--kill-on-bad-exit=1", f"--nodes={options.nodes}", f"--ntasks-per-node={ranks}"]
+    if options.cpus_per_task is not None:
+        srun.append(f"--cpus-per-task={options.cpus_per_task}")
+    threads = options.cpus_per_task or (1 if ranks > 1 else None)
     lines += [
-        "# The driver runs here, in the batch step on the first node.",
+        "# Each task is one rank: torchrun's variables from SLURM's, then the driver.",
+        f"RLCORE_RANK_SH={shlex.quote(_RANK)}",
         f"RLCORE_DRIVER=({_q(driver)})",
-        'echo "[rlcore] driver on ${RLCORE_NODES[0]}: ${RLCORE_DRIVER[*]}"',
-        "# In the background, so that a signal to this shell (SLURM's USR1 ahead of the time limit, its",
-        "# TERM at the limit or on preemption) reaches the driver, which then checkpoints and stops.",
+        f"export LOCAL_WORLD_SIZE={ranks}",
+        'export RLCORE_STOPPED_FILE="$RLCORE_RUN_DIR/launch/job-$SLURM_JOB_ID.stopped"',
+        'rm -f "$RLCORE_STOPPED_FILE"',
+    ]
+    if threads:
+        lines += [
+            f"# CPU threads per rank, unless [launcher] env sets them: {'cpus_per_task' if options.cpus_per_task else 'one, as torchrun does with several ranks on a node'}.",
+            f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{threads}}}",
+        ]
+    lines += [
+        f"RLCORE_SRUN=({_q(srun)})",
+        f'echo "[rlcore] {options.nodes * ranks} rank(s), {ranks} on each of ${{#RLCORE_NODES[@]}} node(s): ${{RLCORE_DRIVER[*]}}"',
+        "# In the background, so that this shell can hand SLURM's USR1 (ahead of the time limit) to",
+        "# srun, which passes it to every rank; the ranks agree at the end of the step, all write the",
+        "# checkpoint and stop. TERM is not handed on: SLURM sends it to every process of the job itself",
+        "# (time limit, preemption, scancel), and srun takes a TERM of its own as an order to kill the ranks.",
         "set +e",
-        '"${RLCORE_WRAP[@]}" "${RLCORE_DRIVER[@]}" &',
-        "RLCORE_DRIVER_PID=$!",
-        'forward() { echo "[rlcore] $1 received: the driver finishes its step, writes a checkpoint and stops"; kill -s "$1" "$RLCORE_DRIVER_PID" 2>/dev/null; }',
-        "trap 'forward USR1' USR1",
-        "trap 'forward TERM' TERM",
+        '"${RLCORE_SRUN[@]}" "${RLCORE_WRAP[@]}" bash -c "$RLCORE_RANK_SH" rlcore-rank "${RLCORE_DRIVER[@]}" &',
+        "RLCORE_SRUN_PID=$!",
+        'trap \'echo "[rlcore] USR1 received: every rank finishes its step, writes a checkpoint and stops"; kill -s USR1 "$RLCORE_SRUN_PID" 2>/dev/null\' USR1',
+        'trap \'echo "[rlcore] TERM received: every rank got it too; they finish the step and checkpoint if SLURM gives them the time (KillWait)"\' TERM',
         'while true; do',
-        '  wait "$RLCORE_DRIVER_PID"; status=$?',
-        '  if ! kill -0 "$RLCORE_DRIVER_PID" 2>/dev/null; then',
-        '    wait "$RLCORE_DRIVER_PID" 2>/dev/null; reaped=$?; [ "$reaped" -ne 127 ] && status=$reaped',
+        '  wait "$RLCORE_SRUN_PID"; status=$?',
+        '  if ! kill -0 "$RLCORE_SRUN_PID" 2>/dev/null; then',
+        '    wait "$RLCORE_SRUN_PID" 2>/dev/null; reaped=$?; [ "$reaped" -ne 127 ] && status=$reaped',
         "    break",
         "  fi",
         "done",
         "set -e",
-        'echo "[rlcore] driver exited with status $status"',
+        '# Ranks that stopped for a signal (with a checkpoint) exited 0 for srun; the job exits with their status.',
+        'if [ "$status" -eq 0 ] && [ -f "$RLCORE_STOPPED_FILE" ]; then status=$(cat "$RLCORE_STOPPED_FILE"); fi',
+        'rm -f "$RLCORE_STOPPED_FILE"',
+        'echo "[rlcore] ranks exited with status $status"',
+        'if [ "$status" -ne 0 ] && [ -f "$RLCORE_RUN_DIR/checkpoints/latest" ]; then',
+        '  echo "[rlcore] the latest checkpoint is $(cat "$RLCORE_RUN_DIR/checkpoints/latest"): rlcore run --resume continues from the last intact one"',
+        "fi",
         'exit "$status"',
         "",
     ]
     return "\n".join(lines)
 
 
-def _ray_section(options: SlurmOptions, ray: bool | None) -> list[str]:
-    if ray is False:
-        return ["# Ray: off ([launcher] ray = \"off\"); one node needs no cluster.", ""]
+def _rendezvous_section(options: SlurmOptions) -> list[str]:
     iface = options.network_interface or ""
-    start = ["--block", "--disable-usage-stats"]
-    if options.cpus_per_task is not None:
-        start.append(f"--num-cpus={options.cpus_per_task}")
-    if options.gpus_per_node:
-        start.append(f"--num-gpus={options.gpus_per_node}")
-    port = str(options.ray_port) if options.ray_port else "$((20000 + SLURM_JOB_ID % 20000))"
+    where = f"on interface {iface}" if iface else "toward the default route"
+    port = "the one set by [launcher] master_port" if options.master_port else "a free one"
     lines = [
-        "# Ray: a head on the first node, a worker on every other node, each bound to the node's",
-        "# address" + (f" on interface {iface}" if iface else " (first address toward the default route)") + ".",
+        f"# The rendezvous: rank 0 listens on the first node (this one), at its address {where}, on {port}.",
+        f"RLCORE_RENDEZVOUS_PY={shlex.quote(_RENDEZVOUS)}",
+        f'RLCORE_RENDEZVOUS=$(in_job "$RLCORE_PYTHON" -c "$RLCORE_RENDEZVOUS_PY" {shlex.quote(iface)} {options.master_port or 0})',
+        'read -r MASTER_ADDR MASTER_PORT <<< "$RLCORE_RENDEZVOUS"',
+        "export MASTER_ADDR MASTER_PORT",
     ]
-    if ray is None:
+    if iface:
         lines += [
-            "# One node: Ray starts only when it is installed; without it the driver runs alone.",
-            "if in_job \"$RLCORE_PYTHON\" -c 'import ray' 2>/dev/null; then RLCORE_USE_RAY=1; else RLCORE_USE_RAY=0;",
-            '    echo "[rlcore] Ray is not installed: running the driver without a Ray cluster (one node needs none)"; fi',
+            f"# gloo and NCCL connect the ranks over {iface} too.",
+            f"export GLOO_SOCKET_IFNAME=${{GLOO_SOCKET_IFNAME:-{iface}}} NCCL_SOCKET_IFNAME=${{NCCL_SOCKET_IFNAME:-{iface}}}",
         ]
-    else:
-        lines.append("RLCORE_USE_RAY=1")
-    lines += [
-        f"RLCORE_NODE_IP_PY={shlex.quote(_NODE_IP)}",
-        f"RLCORE_RAY_NODES_PY={shlex.quote(_RAY_NODES)}",
-        f"RLCORE_RAY=(\"$RLCORE_PYTHON\" -c {shlex.quote(_RAY_CLI)})",
-        f"RLCORE_RAY_START=({_q(start)})",
-        f"RLCORE_IFACE={shlex.quote(iface)}",
-        f"RLCORE_RAY_TIMEOUT={int(options.ray_join_timeout)}",
-        "RLCORE_RAY_PIDS=()",
-        "",
-        "node_ip() { on_node \"$1\" \"$RLCORE_PYTHON\" -c \"$RLCORE_NODE_IP_PY\" ${RLCORE_IFACE:+\"$RLCORE_IFACE\"}; }",
-        "",
-        "stop_ray() {",
-        '    if [ ${#RLCORE_RAY_PIDS[@]} -gt 0 ]; then',
-        '        kill "${RLCORE_RAY_PIDS[@]}" 2>/dev/null || true',
-        '        wait "${RLCORE_RAY_PIDS[@]}" 2>/dev/null || true',
-        "    fi",
-        "}",
-        "",
-        "wait_for_ray() {  # until $1 nodes are alive, or fail clearly",
-        "    local deadline=$((SECONDS + RLCORE_RAY_TIMEOUT)) alive pid",
-        "    while true; do",
-        '        for pid in "${RLCORE_RAY_PIDS[@]}"; do',
-        '            if ! kill -0 "$pid" 2>/dev/null; then',
-        '                echo "[rlcore] error: a Ray process exited while the cluster was starting (see its output above)"',
-        "                exit 1",
-        "            fi",
-        "        done",
-        '        alive=$(in_job "$RLCORE_PYTHON" -c "$RLCORE_RAY_NODES_PY" "$RAY_ADDRESS" 2>/dev/null | tail -n 1 || true)',
-        '        [[ "$alive" =~ ^[0-9]+$ ]] || alive=0',
-        '        if [ "$alive" -ge "$1" ]; then echo "[rlcore] Ray: $alive of $1 node(s) joined"; return 0; fi',
-        '        if [ "$SECONDS" -ge "$deadline" ]; then',
-        '            echo "[rlcore] error: only $alive of $1 node(s) joined the Ray cluster at $RAY_ADDRESS within ${RLCORE_RAY_TIMEOUT}s"',
-        '            echo "[rlcore] check network_interface (the address each node binds) and the Ray output above"',
-        "            exit 1",
-        "        fi",
-        "        sleep 2",
-        "    done",
-        "}",
-        "",
-        'if [ "$RLCORE_USE_RAY" = 1 ]; then',
-        "    trap stop_ray EXIT",
-        '    RLCORE_HEAD=${RLCORE_NODES[0]}',
-        '    RLCORE_HEAD_IP=$(node_ip "$RLCORE_HEAD")',
-        f"    RLCORE_RAY_PORT={port}",
-        '    export RAY_ADDRESS="$RLCORE_HEAD_IP:$RLCORE_RAY_PORT"',
-        '    echo "[rlcore] Ray head on $RLCORE_HEAD at $RAY_ADDRESS"',
-        '    on_node "$RLCORE_HEAD" "${RLCORE_RAY[@]}" start --head --node-ip-address="$RLCORE_HEAD_IP" \\',
-        '        --port="$RLCORE_RAY_PORT" --include-dashboard=false "${RLCORE_RAY_START[@]}" &',
-        '    RLCORE_RAY_PIDS+=($!)',
-        "    wait_for_ray 1",
-        '    for node in "${RLCORE_NODES[@]:1}"; do',
-        '        ip=$(node_ip "$node")',
-        '        echo "[rlcore] Ray worker on $node at $ip"',
-        '        on_node "$node" "${RLCORE_RAY[@]}" start --address="$RAY_ADDRESS" --node-ip-address="$ip" \\',
-        '            "${RLCORE_RAY_START[@]}" &',
-        '        RLCORE_RAY_PIDS+=($!)',
-        "    done",
-        '    if [ "${#RLCORE_NODES[@]}" -gt 1 ]; then wait_for_ray "${#RLCORE_NODES[@]}"; fi',
-        "fi",
-        "",
-    ]
+    lines += ['echo "[rlcore] rendezvous at $MASTER_ADDR:$MASTER_PORT on ${RLCORE_NODES[0]}"', ""]
     return lines
