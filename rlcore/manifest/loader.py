@@ -67,6 +67,8 @@ class ResolvedManifest:
             opts = sel.options.model_dump(mode="json", exclude_none=True)
             if table in COMPONENT_MAPS:
                 out.setdefault(table, {})[rest] = opts
+            elif rest.startswith("routes."):  # [reward.routes."SOURCE"]: the function and its options
+                out[table]["routes"][rest[len("routes."):]] = {"function": sel.component.name, **opts}
             else:
                 out[table].update(opts)
         out["plugins"] = {
@@ -350,6 +352,7 @@ def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry
                     extras.setdefault(table, {}).setdefault(key, value)
         _validate_table_options(col, registry, table, extras.get(table, {}), chosen, selected)
 
+    _validate_reward_routes(col, registry, doc, base_dir, selected)
     for table, kind in COMPONENT_MAPS.items():
         entries = doc.get(table)
         if not isinstance(entries, dict):
@@ -384,6 +387,34 @@ def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry
     return ResolvedManifest(path=path, raw=doc, core=core, selected=selected)
 
 
+def _validate_reward_routes(col: _Collector, registry: Registry, doc: dict[str, Any], base_dir: Path,
+                            selected: dict[str, Selected]) -> None:
+    """``[reward]`` names a function, routes, or both. Each ``[reward.routes."SOURCE"]`` table selects
+    a reward function (``function = NAME``) and gives its options, validated as ``[reward]``'s own
+    are; the role is ``reward.routes.SOURCE``."""
+    reward = doc.get("reward")
+    if not isinstance(reward, dict):
+        return  # phase 1 reported it
+    routes = reward.get("routes")
+    if reward.get("function") is None and not routes:
+        col.add("reward.function", 'required key is missing (or give [reward.routes."DATA_SOURCE"] tables, a function per data source)')
+    if not isinstance(routes, dict):
+        return
+    for source, table in routes.items():
+        key = f"reward.routes.{source}"
+        if not isinstance(table, dict):
+            col.add(key, f"expected a table [reward.routes.\"{source}\"] with function = \"NAME\", got {_describe(table)}")
+            continue
+        options = dict(table)
+        name = options.pop("function", None)
+        if not isinstance(name, str) or not name:
+            col.add(f"{key}.function", "missing: the reward function that scores this data source's rows")
+            continue
+        component, seed = _lookup(registry, "reward_function", name, base_dir, col, f"{key}.function")
+        if component is not None:
+            _validate_options(col, component, {**seed, **options}, key, selected, role=key)
+
+
 def _check_targets(col: _Collector, doc: dict[str, Any], selected: dict[str, Selected]) -> None:
     """The code each selected component's ``target_option`` names (``python:rewards.py:score``)
     must exist and be callable, so that a misspelled function fails here and not when the run
@@ -398,7 +429,9 @@ def _check_targets(col: _Collector, doc: dict[str, Any], selected: dict[str, Sel
             continue
         table, _, field_name = role.partition(".")
         written = doc.get(table, {}).get(field_name) if isinstance(doc.get(table), dict) else None
-        if isinstance(written, str) and written.startswith(f"{chosen.component.name}:"):
+        if field_name.startswith("routes."):  # [reward.routes."SOURCE"] function = "python:..."
+            key = f"{role}.function"
+        elif isinstance(written, str) and written.startswith(f"{chosen.component.name}:"):
             key = role  # given inline: function = "python:rewards.py:score"
         else:
             key = f"{role}.{option}" if table in COMPONENT_MAPS else f"{table}.{option}"

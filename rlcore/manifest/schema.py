@@ -104,7 +104,17 @@ class RolloutTable(Table):
 class RewardTable(Table):
     model_config = ConfigDict(extra="allow")
 
-    function: str = Field(..., min_length=1, description='a registered reward function, or "python:file.py:function"')
+    function: str | None = Field(
+        None,
+        min_length=1,
+        description='a registered reward function, or "python:file.py:function"; with [reward.routes], the one for '
+        "rows whose data_source has no route (without it, such rows are an error)",
+    )
+    routes: dict[str, dict] = Field(
+        default_factory=dict,
+        description='[reward.routes."DATA_SOURCE"] tables: function = "NAME" and its options, scoring the rows of '
+        "that data_source (as verl's default scorer routes by data source)",
+    )
     timeout_s: float = Field(10.0, gt=0, description="a call running longer scores 0 and is counted")
     workers: int = Field(8, ge=1)
 

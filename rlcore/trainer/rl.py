@@ -33,7 +33,7 @@ from rlcore.trainer.data_cursor import DataCursor
 from rlcore.trainer.distributed import Distributed, combine_metrics
 from rlcore.trainer.rollout import Rollout
 from rlcore.trainer.scheduler import Background, BatchMaker, Colocated, Filling
-from rlcore.trainer.scoring import Scorer
+from rlcore.trainer.scoring import RoutedReward, Scorer
 from rlcore.trainer.stopping import Stopped, StopRequest
 
 
@@ -101,7 +101,7 @@ class RLTrainer:
         context = BuildContext.from_manifest(self.manifest, run_dir=str(self.run_dir), device=self.device,
                                              dtype=self.precision.compute)
         # The reward role first: its worker processes fork while this process is still small.
-        self.scorer = Scorer(self._build("reward.function", context), cfg.reward.timeout_s, cfg.reward.workers)
+        self.scorer = Scorer(self._reward(context), cfg.reward.timeout_s, cfg.reward.workers)
 
         logger.info("loading tokenizer and model from {}", cfg.model.path)
         logger.info("precision: {}", self.precision.describe())
@@ -201,6 +201,12 @@ class RLTrainer:
         local = self.dist.shard(list(range(len(indices))))
         return [self.train_set.prompts[indices[i]] for i in local], self._sampling(train=True, step=step)
 
+    def _reward(self, context: BuildContext):
+        """``[reward] function``, or a router over ``[reward.routes]`` (with it as the default)."""
+        routes = {s.role[len("reward.routes."):]: s.component.build(s.options, context) for s in self.manifest.roles("reward.routes")}
+        default = self._build("reward.function", context) if self.cfg.reward.function else None
+        return RoutedReward(routes, default) if routes else default
+
     def _build(self, role: str, context: BuildContext):
         selected = self.manifest.component(role)
         return selected.component.build(selected.options, context)
@@ -235,16 +241,14 @@ class RLTrainer:
 
     def _load_data(self) -> None:
         from rlcore.data import load_prompts
-        from rlcore.trainer.reward_runner import check_required_fields
 
         d = self.cfg.data
         common = dict(tokenizer=self.tokenizer, max_prompt_tokens=d.max_prompt_tokens, prompt_key=d.prompt_key, base_dir=self.manifest.base_dir)
         try:
             self.train_set = load_prompts(d.train, **common)
             self.val_set = load_prompts(d.val, limit=d.val_max_prompts, **common) if d.val else None
-            required = self.scorer.required_fields
             for dataset in filter(None, (self.train_set, self.val_set)):
-                check_required_fields(dataset.prompts, required, dataset.source)
+                self.scorer.check_data(dataset.prompts, dataset.source)
         except RlcoreError as exc:  # bad input data: a usage error, like a bad manifest
             raise UsageError(str(exc)) from None
         if len(self.train_set.prompts) < d.prompts_per_step:
@@ -429,6 +433,11 @@ class RLTrainer:
         all_lengths = torch.tensor([len(r) for r in batch.response_ids], dtype=torch.float32)
         out: dict[str, float] = {}
         out.update(_stats("critic/score", batch.scores))
+        by_source: dict[str, list[float]] = defaultdict(list)
+        for t, score in zip(trajectories, batch.scores.tolist()):
+            by_source[t.prompt.data_source or "default"].append(score)
+        if len(by_source) > 1:  # a mixture: each source's training reward, as validation reports it
+            out.update({f"critic/score/{src}/mean": sum(v) / len(v) for src, v in sorted(by_source.items())})
         out.update(_stats("critic/rewards", batch.tensors["token_rewards"].sum(1)))
         out.update(_masked_stats("critic/advantages", batch.tensors["advantages"], mask))
         out.update(_masked_stats("critic/returns", batch.tensors["returns"], mask))

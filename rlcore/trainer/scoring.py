@@ -3,8 +3,43 @@ decoded trajectories."""
 
 from __future__ import annotations
 
-from rlcore.interfaces import RewardInput, Trajectory
-from rlcore.trainer.reward_runner import RewardRunner
+from typing import Any, Callable
+
+from rlcore.errors import UsageError
+from rlcore.interfaces import Prompt, RewardInput, Trajectory
+from rlcore.trainer.reward_runner import RewardRunner, check_required_fields
+
+
+class RoutedReward:
+    """Scores each row with the reward function of its ``data_source`` (``[reward.routes]``), or
+    with ``default`` (``[reward] function``) for the sources without a route."""
+
+    def __init__(self, routes: dict[str, Callable[..., Any]], default: Callable[..., Any] | None):
+        self.routes, self.default = routes, default
+
+    def function_for(self, source: str) -> Callable[..., Any] | None:
+        return self.routes.get(source, self.default)
+
+    def __call__(self, item: RewardInput):
+        fn = self.function_for(item.data_source)
+        if fn is None:  # check_data refuses such rows up front; this is for rows made elsewhere
+            raise ValueError(f"no reward function for data_source {item.data_source!r}")
+        return fn(item)
+
+    def check_data(self, prompts: list[Prompt], source_name: str) -> None:
+        """Every row has a route (or there is a default), with the fields its function needs."""
+        by_source: dict[str, list[Prompt]] = {}
+        for prompt in prompts:
+            by_source.setdefault(prompt.data_source, []).append(prompt)
+        for source, rows in by_source.items():
+            fn = self.function_for(source)
+            if fn is None:
+                routed = ", ".join(repr(s) for s in sorted(self.routes))
+                raise UsageError(
+                    f"data {source_name!r}: row {rows[0].index} has data_source {source!r}, which no "
+                    f"[reward.routes] table scores (routed: {routed}) and [reward] sets no function for the rest"
+                )
+            check_required_fields(rows, getattr(fn, "required_fields", ()) or (), source_name)
 
 
 class Scorer:
@@ -14,9 +49,12 @@ class Scorer:
         # Reward workers are forked processes: started while the trainer's process is still small.
         self.runner.start()
 
-    @property
-    def required_fields(self) -> set[str]:
-        return set(getattr(self.reward_fn, "required_fields", ()) or ())
+    def check_data(self, prompts: list[Prompt], source_name: str) -> None:
+        """Fail early, naming the file and row, on rows the reward cannot score."""
+        if isinstance(self.reward_fn, RoutedReward):
+            self.reward_fn.check_data(prompts, source_name)
+        else:
+            check_required_fields(prompts, getattr(self.reward_fn, "required_fields", ()) or (), source_name)
 
     def score(self, trajectories: list[Trajectory], tokenizer) -> tuple[list[float], dict[str, float]]:
         items = [
