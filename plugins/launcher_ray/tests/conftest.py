@@ -87,6 +87,88 @@ def ray_cluster():
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+@dataclass
+class TwoNodes:
+    address: str  # the head's GCS
+    resources: tuple[str, str] = ("node_a", "node_b")  # one custom resource per node, to tell them apart
+
+
+@pytest.fixture(scope="session")
+def ray_two_nodes():
+    """A Ray head and a second raylet (a worker node) on this host, both registered as
+    127.0.0.1, with 2 CPUs and a resource of their own each (``node_a``, ``node_b``): a two-node
+    cluster on loopback. Each ``ray start --block`` runs in a process group of its own, stopped at
+    the end (the worker node first)."""
+    pytest.importorskip("ray", reason='the ray launcher tests need Ray: pip install "ray[default]"')
+    temp_dir = tempfile.mkdtemp(prefix="rl2n", dir="/tmp")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env["RAY_AUTH_MODE"] = "disabled"
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    gcs = free_port()
+    common = ["--block", "--node-ip-address=127.0.0.1", "--num-cpus=2", "--num-gpus=0", f"--temp-dir={temp_dir}",
+              "--disable-usage-stats"]
+    # Two raylets on one host: each gets its own agent ports and worker-port range (Ray's defaults would collide).
+    head = [ray_bin, "start", "--head", f"--port={gcs}", '--resources={"node_a": 1}', "--include-dashboard=false",
+            f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+            "--min-worker-port=20000", "--max-worker-port=20499", *common]
+    worker = [ray_bin, "start", f"--address=127.0.0.1:{gcs}", '--resources={"node_b": 1}',
+              f"--dashboard-agent-listen-port={free_port()}", "--min-worker-port=20500", "--max-worker-port=20999", *common]
+    logs = {name: open(Path(temp_dir) / f"{name}.log", "w") for name in ("head", "worker")}
+    procs: list[subprocess.Popen] = []
+    try:
+        procs.append(subprocess.Popen(head, env=env, stdout=logs["head"], stderr=subprocess.STDOUT, start_new_session=True))
+        _wait_port("127.0.0.1", gcs, procs[0], timeout=120)
+        procs.append(subprocess.Popen(worker, env=env, stdout=logs["worker"], stderr=subprocess.STDOUT, start_new_session=True))
+        _wait_nodes(f"127.0.0.1:{gcs}", 2, procs, timeout=120)
+        yield TwoNodes(address=f"127.0.0.1:{gcs}")
+    except Exception as exc:
+        for log in logs.values():
+            log.flush()
+        tails = "\n".join(f"--- {n}.log\n" + (Path(temp_dir) / f"{n}.log").read_text()[-2000:] for n in logs)
+        pytest.fail(f"the two-node test Ray cluster did not start: {exc}\n{tails}")
+    finally:
+        for proc in reversed(procs):
+            _stop_group(proc)
+        for log in logs.values():
+            log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _wait_port(host: str, port: int, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ray start exited with {proc.returncode}")
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"{host}:{port} did not answer within {timeout:g} s")
+
+
+def _wait_nodes(address: str, count: int, procs: list[subprocess.Popen], timeout: float) -> None:
+    """Until ``ray status`` lists ``count`` nodes (asked in a subprocess: this one stays unconnected)."""
+    script = (
+        "import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
+        "print(sum(1 for n in ray.nodes() if n['Alive']))"
+    )
+    deadline = time.monotonic() + timeout
+    seen = "nothing"
+    while time.monotonic() < deadline:
+        for proc in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"ray start exited with {proc.returncode}")
+        out = subprocess.run([sys.executable, "-c", script, address], capture_output=True, text=True, timeout=60)
+        seen = out.stdout.strip() or out.stderr[-500:]
+        if seen == str(count):
+            return
+        time.sleep(1)
+    raise TimeoutError(f"the cluster at {address} did not list {count} nodes within {timeout:g} s (last: {seen})")
+
+
 def _stop_group(proc: subprocess.Popen) -> None:
     """SIGTERM the head's process group (ray start --block then stops its own processes), then SIGKILL what is left."""
     pgid = proc.pid

@@ -1,5 +1,6 @@
 """Real training runs through the ray launcher on the loopback cluster: ranks agree with one
-process, job mode, and a rank killed mid-run leaves a checkpoint that --resume continues."""
+process (on one node, and one rank on each of two nodes), job mode, and a rank killed mid-run
+leaves a checkpoint that --resume continues."""
 
 from __future__ import annotations
 
@@ -66,11 +67,19 @@ def test_ray_two_workers_train_like_one_process(ray_cluster, tiny_model, tmp_pat
     assert rlcore_run(one, tmp_path / "one") == 0
     two = write_manifest(tmp_path, tiny_model, {"name": "ray", "address": ray_cluster.address, "workers": 2})
     assert rlcore_run(two, tmp_path / "two") == 0, capfd.readouterr().out[-3000:]
-    a, b = train_rows(tmp_path / "one"), train_rows(tmp_path / "two")
+    assert_trains_alike(tmp_path / "one", tmp_path / "two")
+    workers = json.loads((tmp_path / "two" / "launch" / "workers.json").read_text())
+    assert [w["env"]["RANK"] for w in workers] == ["0", "1"]
+    assert (tmp_path / "two" / "run.rank1.log").exists()  # rank 1 really trained, in another process
+
+
+def assert_trains_alike(one: Path, two: Path) -> None:
+    a, b = train_rows(one), train_rows(two)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2]
-    # Stated tolerances: the same samples give the same scores, up to float32 rounding of the mean
-    # (its per-rank parts are summed in another order: 1e-6 relative); losses and gradient norms agree
-    # to 1e-3 relative (per-rank partial sums, FSDP's reduce-scatter).
+    # Stated tolerances (those of tests/test_trainer_distributed.py): the same samples give the same
+    # scores, up to float32 rounding of the mean (its per-rank parts are summed in another order: 1e-6
+    # relative); losses and gradient norms agree to 1e-3 relative (per-rank partial sums, FSDP's
+    # reduce-scatter).
     for x, y in zip(a, b):
         assert math.isclose(x["critic/score/mean"], y["critic/score/mean"], rel_tol=1e-6), (x["critic/score/mean"], y["critic/score/mean"])
         assert x["critic/score/max"] == y["critic/score/max"] and x["critic/score/min"] == y["critic/score/min"]
@@ -78,9 +87,25 @@ def test_ray_two_workers_train_like_one_process(ray_cluster, tiny_model, tmp_pat
         for key in ("actor/pg_loss", "actor/grad_norm"):
             assert math.isclose(x[key], y[key], rel_tol=1e-3, abs_tol=1e-6), (key, x[key], y[key])
     assert any(r["actor/grad_norm"] > 0 for r in a)
+
+
+@pytest.mark.slow
+def test_ray_two_nodes_train_like_one_process(ray_two_nodes, tiny_model, tmp_path, capfd, monkeypatch):
+    """One rank on each of two Ray nodes (a head and a worker raylet on loopback), the cluster
+    found through RAY_ADDRESS, trains like one process."""
+    one = write_manifest(tmp_path, tiny_model, {"name": "local"})
+    assert rlcore_run(one, tmp_path / "one") == 0
+    monkeypatch.setenv("RAY_ADDRESS", ray_two_nodes.address)
+    two = write_manifest(tmp_path, tiny_model, {"name": "ray", "workers": 2, "placement_strategy": "STRICT_SPREAD"})
+    assert rlcore_run(two, tmp_path / "two") == 0, capfd.readouterr().out[-3000:]
+    out = capfd.readouterr().out
+    assert f"connecting to the Ray cluster at {ray_two_nodes.address}" in out
+    assert_trains_alike(tmp_path / "one", tmp_path / "two")
     workers = json.loads((tmp_path / "two" / "launch" / "workers.json").read_text())
-    assert [w["env"]["RANK"] for w in workers] == ["0", "1"]
-    assert (tmp_path / "two" / "run.rank1.log").exists()  # rank 1 really trained, in another process
+    assert len({w["node_id"] for w in workers}) == 2, workers  # one rank per node
+    assert [(w["env"]["RANK"], w["env"]["NODE_RANK"], w["env"]["LOCAL_RANK"]) for w in workers] == [("0", "0", "0"), ("1", "1", "0")]
+    assert {w["env"]["MASTER_ADDR"] for w in workers} == {"127.0.0.1"}  # both nodes on this host: loopback
+    assert (tmp_path / "two" / "run.rank1.log").exists()
 
 
 @pytest.mark.slow

@@ -56,14 +56,14 @@ class RayLauncher:
             )
             return 0
         ray = import_ray()
-        from rlcore_launcher_ray.workers import TRAIN_TARGET, RankFailure, WorkerGroup
+        from rlcore_launcher_ray.workers import TRAIN_TARGET, RankFailure, RankGroup
 
         if target is None:
             manifest_file = write_driver_manifest(request)
             target = TRAIN_TARGET
             kwargs = {"manifest_file": str(manifest_file), "run_dir": str(request.run_dir), "resume": request.resume}
         owns_ray = self._connect(ray, address)
-        group = WorkerGroup(options, extra_env=_forwarded_env())
+        group = RankGroup(options, extra_env=_forwarded_env())
         try:
             infos = group.start()
             group.write_info(Path(request.run_dir) / "launch" / WORKERS_FILE)
