@@ -65,6 +65,28 @@ def test_logprobs_equal_a_teacher_forced_forward_before_truncation(tiny, chat_pr
             assert torch.allclose(torch.tensor(c.logprobs), want, atol=1e-4), (c.logprobs, want.tolist())
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_top_logprobs_are_the_teacher_forced_top_k(tiny, chat_prompts, temperature):
+    """top_logprobs: at each generated position, the k most likely tokens of the same distribution
+    the sampled log-probs come from; greedy picks the first of them."""
+    engine = engine_for(tiny)
+    out = engine.generate(chat_prompts[:2], SamplingParams(temperature=temperature, max_new_tokens=6, seed=1))
+    completions = [group[0] for group in out]
+    top = engine.top_logprobs(chat_prompts[:2], [c.token_ids for c in completions], 5, temperature)
+    for prompt, c, positions in zip(chat_prompts, completions, top):
+        assert len(positions) == len(c.token_ids)
+        with torch.no_grad():
+            logits = tiny(input_ids=torch.tensor([prompt + c.token_ids])).logits[0, len(prompt) - 1 : -1].float()
+        want = torch.topk(torch.log_softmax(logits / (temperature or 1.0), -1), 5, dim=-1)
+        for entries, values, ids, token, logprob in zip(positions, want.values, want.indices, c.token_ids, c.logprobs):
+            assert [t for t, _ in entries] == ids.tolist()
+            assert torch.allclose(torch.tensor([x for _, x in entries]), values, atol=1e-4)
+            assert all(a >= b for (_, a), (_, b) in zip(entries, entries[1:]))
+            if temperature == 0.0:
+                assert entries[0][0] == token and entries[0][1] == pytest.approx(logprob, abs=1e-4)
+    assert engine.top_logprobs([[5, 6]], [[]], 5) == [[]]
+
+
 def test_truncation_restricts_the_sampled_tokens(tiny, chat_prompts):
     """With top_k=3 every sampled token is among the 3 most likely under the teacher-forced forward."""
     engine = engine_for(tiny)

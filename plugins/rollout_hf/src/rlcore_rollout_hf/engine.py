@@ -158,6 +158,43 @@ class HFRolloutEngine:
         n = params.n
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
+    def top_logprobs(
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        k: int,
+        temperature: float = 1.0,
+    ) -> list[list[list[tuple[int, float]]]]:
+        """At every token of each completion, the ``k`` most likely tokens as ``(token id,
+        log-prob)``, most likely first, from the distribution :class:`Completion` log-probs come
+        from (``log_softmax(logits / T)`` before top-k / top-p truncation; T = 1 when greedy).
+
+        One teacher-forced forward pass per (prompt, completion) pair, after generation: the
+        decode loops keep only the sampled token's log-prob (``rlcore serve`` uses this for
+        OpenAI's ``top_logprobs``)."""
+        if self._asleep:
+            raise RlcoreError("the hf rollout engine is asleep; call wake_up() before top_logprobs()")
+        if len(prompts) != len(completions):
+            raise UsageError(f"top_logprobs got {len(prompts)} prompts for {len(completions)} completions")
+        k = min(int(k), self.vocab_size)
+        out: list[list[list[tuple[int, float]]]] = []
+        with self._generation_mode():
+            for prompt, completion in zip(prompts, completions):
+                prompt, completion = [int(t) for t in prompt], [int(t) for t in completion]
+                if not completion or k < 1:
+                    out.append([[] for _ in completion])
+                    continue
+                ids = torch.tensor([prompt + completion[:-1]], device=self.device)
+                kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": False}
+                if self._keeps_logits:
+                    kwargs["logits_to_keep"] = len(completion)
+                logits = self.model(**kwargs).logits[0, -len(completion) :].float()
+                if temperature not in (0.0, 1.0):
+                    logits = logits / temperature
+                values, indices = torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)
+                out.append([list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())])
+        return out
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]) -> None:
         """Copy the trainer's tensors in; a no-op (the iterable is not consumed) when sharing the actor."""
         if self.shares_actor:
