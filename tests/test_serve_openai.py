@@ -99,7 +99,10 @@ def server(tmp_path_factory):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlcore", "serve", str(manifest), "--host", "127.0.0.1", "--port", str(port)],
+        [
+            sys.executable, "-m", "rlcore", "serve", str(manifest), "--host", "127.0.0.1", "--port", str(port),
+            "--max-tokens-limit", "64", "--batch-size", "4",
+        ],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -170,7 +173,7 @@ def test_token_in_token_out_completions(server):
     )
     prompt_ids = chat.model_extra["prompt_token_ids"]
     completion = client.completions.create(
-        model="tiny-scripted", prompt=prompt_ids, max_tokens=3, logprobs=1, extra_body={"return_token_ids": True}
+        model="tiny-scripted", prompt=prompt_ids, max_tokens=3, logprobs=0, extra_body={"return_token_ids": True}
     )
     choice = completion.choices[0]
     assert choice.finish_reason == "length"
@@ -178,6 +181,11 @@ def test_token_in_token_out_completions(server):
     assert choice.model_extra["token_ids"] == chat.choices[0].model_extra["token_ids"][:3]
     assert choice.logprobs.token_logprobs == [-0.125] * 3
     assert "".join(choice.logprobs.tokens) == choice.text
+    assert choice.logprobs.top_logprobs is None
+
+    # The scripted engine knows only the sampled token's log-prob: top log-probs are refused, not faked.
+    top = httpx.post(server + "/v1/completions", json={"prompt": prompt_ids, "max_tokens": 3, "logprobs": 1})
+    assert top.status_code == 400 and "only the sampled token's log-prob" in top.json()["error"]["message"]
 
 
 def test_errors_use_the_openai_shape(server):
@@ -187,4 +195,9 @@ def test_errors_use_the_openai_shape(server):
     assert stream.status_code == 400 and "stream" in stream.json()["error"]["message"]
     missing = httpx.post(server + "/v1/chat/completions", json={"messages": []})
     assert missing.status_code == 400 and "messages" in missing.json()["error"]["message"]
+    limit = httpx.post(server + "/v1/completions", json={"prompt": [10], "max_tokens": 65})
+    assert limit.status_code == 400 and "at most 64" in limit.json()["error"]["message"]
+    assert limit.json()["error"]["param"] == "max_tokens"
+    unknown = httpx.post(server + "/v1/completions", json={"prompt": [10], "model": "other"})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
     assert httpx.get(server + "/health").json() == {"status": "ok"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rlcore.errors import RlcoreError
+from rlcore.errors import RlcoreError, UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -17,11 +17,36 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.KEY=VALUE")
     parser.add_argument("--model-name", default=None, help="the model id clients use (default: [run] name)")
+    parser.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the largest max_tokens a request may ask for; larger is a 400 (default: only the model's context "
+        "bounds it; the default max_tokens is [data] max_response_tokens)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        metavar="N",
+        help="the most sequences (prompts x n) of waiting requests generated together in one engine call (default: 64)",
+    )
     parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
 
 
-def build_server(manifest_path: str, overrides: list[str] | None = None, model_name: str | None = None) -> Any:
+def build_server(
+    manifest_path: str,
+    overrides: list[str] | None = None,
+    model_name: str | None = None,
+    max_tokens_limit: int | None = None,
+    batch_size: int = 64,
+) -> Any:
     """The FastAPI app for a manifest: tokenizer from ``[model]``, engine from ``[rollout]``."""
+    if max_tokens_limit is not None and max_tokens_limit < 1:
+        raise UsageError(f"--max-tokens-limit must be at least 1, got {max_tokens_limit}")
+    if batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
     from rlcore.interfaces import BuildContext
     from rlcore.manifest.loader import load_manifest
     from rlcore.registry import Registry
@@ -48,11 +73,13 @@ def build_server(manifest_path: str, overrides: list[str] | None = None, model_n
         model_name=model_name or cfg.run.name,
         max_tokens=cfg.data.max_response_tokens,
         stop=list(cfg.rollout.stop),
+        max_tokens_limit=max_tokens_limit,
+        max_batch_size=batch_size,
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    app = build_server(args.manifest, args.overrides, args.model_name)
+    app = build_server(args.manifest, args.overrides, args.model_name, args.max_tokens_limit, args.batch_size)
     try:
         import uvicorn
     except ImportError as exc:  # pragma: no cover - uvicorn is a serve dependency
