@@ -102,9 +102,9 @@ class Batcher:
             return len(self._waiting)
 
     def _next_batch(self) -> list[_Job]:
-        """The oldest waiting request and those that can join its call. Requests whose client
-        went away (a cancelled future) are dropped; the others are marked running, after which
-        they can no longer be cancelled."""
+        """The oldest waiting request and those that can join its call. A request whose future
+        was cancelled is dropped; the others are marked running, after which they can no longer
+        be cancelled (setting the result of a cancelled future would raise in the worker)."""
         with self._cond:
             while True:
                 while not self._waiting:
