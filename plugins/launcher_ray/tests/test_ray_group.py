@@ -314,3 +314,16 @@ def test_group_example_script_runs(ray_cluster):
     assert rows[0][1] == "38.5"
     assert "omega 41.5" in lines  # 15+13+5+7+1
     assert "texts per worker: [2, 2, 4]" in lines  # the last scorer also got omega
+
+
+class BrokenOnRankOne(Worker):
+    def __init__(self):
+        if self.rank == 1:
+            raise OSError("no such model file on this node")
+
+
+def test_group_worker_that_fails_to_start_names_itself_and_releases_the_pool(connected):
+    pool = ResourcePool(workers=2, cpus_per_worker=0.5)
+    with pytest.raises(WorkerFailure, match=r"^starting BrokenOnRankOne: builder 1 \(pid \d+ on .*\) raised OSError: no such model file on this node\."):
+        WorkerGroup(pool, BrokenOnRankOne, name="builder")
+    assert pool.placement_group is None

@@ -397,7 +397,10 @@ class ResourcePool:
     bundle per worker, placed by ``strategy`` (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD).
     ``ResourcePool(workers_per_node=[8, 8], gpus_per_worker=1)`` reserves one bundle per node,
     holding that node's workers, on as many distinct nodes. ``resources`` adds custom Ray resources
-    to every worker (``{"node_b": 0.5}``). :class:`WorkerGroup` reserves the pool when it starts.
+    to every worker (``{"node_b": 0.5}``). :class:`WorkerGroup` reserves the pool when it starts
+    and releases it when it shuts down (unless :meth:`reserve` was called before: then
+    :meth:`release` is the caller's). One group uses a pool at a time; roles that should share the
+    workers' processes go in one group with :func:`colocated`.
     """
 
     def __init__(
