@@ -107,3 +107,33 @@ def test_two_ranks_mixed_precision_match_one_rank(tmp_path, tiny_model):
     for run_dir in (single, double):
         weights = load_file(next((run_dir / "checkpoints" / "step_000002" / "model").glob("*.safetensors")))
         assert {t.dtype for t in weights.values()} == {torch.float32}
+
+
+@pytest.mark.slow
+def test_two_ranks_with_engines_holding_their_own_weights_match_one_rank(tmp_path, tiny_model):
+    """Each rank drives its own engine (data-parallel rollout), as vLLM or SGLang would: the hf
+    engine with share_actor = false stands in, receiving weights gathered from the FSDP shards
+    tensor by tensor after every update. If a rank's engine missed a sync, or got a shard instead
+    of the full tensor, its samples would differ from the one-process run's."""
+    shutil.copy(ROOT / "tests" / "fixtures" / "dense_rewards.py", tmp_path / "dense_rewards.py")
+    manifest = write_run_manifest(
+        tmp_path, tiny_model,
+        rollout={"samples_per_prompt": 1, "temperature": 0.0, "share_actor": False},
+        reward={"function": "python:dense_rewards.py:sum_and_upper", "method": None},
+        algorithm={"advantage": "reinforce_pp"},
+        data={"prompts_per_step": 4, "max_response_tokens": 6, "val": None},
+        trainer={"steps": 3, "lr": 1e-2},
+    )
+    _run_ranks(manifest, tmp_path / "one", 1)
+    _run_ranks(manifest, tmp_path / "two", 2)
+    one, two = train_rows(tmp_path / "one"), train_rows(tmp_path / "two")
+    assert len(one) == len(two) == 3
+    for a, b in zip(one, two):
+        assert a["critic/score/mean"] == pytest.approx(b["critic/score/mean"], abs=1e-9)
+        assert a["response_length/mean"] == b["response_length/mean"]
+        for key in ("actor/pg_loss", "actor/grad_norm"):
+            assert math.isclose(a[key], b[key], rel_tol=1e-3, abs_tol=1e-6), (key, a[key], b[key])
+    # Each rank's engine generated with the trainer's current weights: the log-probs it reported
+    # are the trainer's own (a stale engine would be off by the update, large at lr 1e-2).
+    assert all(r["actor/grad_norm"] > 0 for r in two)
+    assert all(r["rollout_corr/logprob_diff/max"] < 1e-3 for r in two), [r["rollout_corr/logprob_diff/max"] for r in two]

@@ -77,10 +77,16 @@ class Actor(precision.TrainedRole):
 
     def weights_for_engine(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The actor's weights under Hugging Face names (LoRA merged in), produced lazily: an
-        engine that shares the actor's parameters never iterates it."""
+        engine that shares the actor's parameters never iterates it. With several ranks each
+        tensor is gathered from the FSDP shards as it is produced, one at a time, so no rank
+        ever holds a second full copy; every rank must iterate to the end (each gather is a
+        collective), which every rank's own engine does in ``update_weights``."""
+        from torch.distributed.tensor import DTensor
+
         from rlcore.trainer.lora import merged_state
 
-        yield from merged_state(self.module)
+        for name, tensor in merged_state(self.module):
+            yield name, (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor)
 
     def update(self, batch: RolloutBatch, temperature: float, has_old: bool, policy_loss, with_reference: bool) -> dict[str, float]:
         """PPO epochs over mini-batches of ``batch``: one optimizer step each. ``has_old``: the batch

@@ -125,10 +125,11 @@ class RLTrainer:
 
         context.tools = {s.role.split(".", 1)[1]: s.component.build(s.options, context) for s in self.manifest.roles("tools")}
         engine = self._build("rollout.engine", context)
-        if self.dist.enabled and not engine.shares_actor:
-            raise RlcoreError(
-                f"rollout engine {self.manifest.component('rollout.engine').component.name!r} does not share the actor's "
-                "weights; with several training ranks only an engine that does (the hf engine) is supported yet"
+        if self.dist.enabled and not engine.shares_actor and cfg.model.lora is not None:
+            raise UsageError(
+                f"rollout engine {self.manifest.component('rollout.engine').component.name!r} holds its own weights, "
+                "and with several training ranks they are gathered from the FSDP shards for it, which is not done "
+                "for LoRA adapters yet; train the LoRA run on one rank, or use the hf engine sharing the actor"
             )
         self.rollout = Rollout(engine, self._build("agent.loop", context), self.actor)
         self._load_data()
