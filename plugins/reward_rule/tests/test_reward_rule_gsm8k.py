@@ -21,15 +21,17 @@ def score(response: str, truth, **options) -> float:
         ("She has 3 + 4 = 7 apples.\n#### 7", "7"),
         ("#### 1,234", "1234"),
         ("#### -5", "-5"),
-        ("####42", "42"),
-        ("#### $18", "18"),
+        ("####42", None),  # verl's format: one space after "####"
+        ("#### $18", None),
         ("#### 3.50", "3.50"),
         ("first #### 1 then #### 2", "2"),
         ("The answer is 7.", None),
         ("####", None),
         ("#### seven", None),
         ("", None),
-        ("#### \u22123", "-3"),
+        ("#### \u22123", None),
+        ("#### 7" + " padding" * 50, None),  # beyond the last 300 characters
+        ("#### 18.", "18."),
     ],
 )
 def test_strict_extraction(response, expected):
@@ -59,9 +61,11 @@ def test_flexible_extraction(response, expected):
     [
         ("... #### 72", "72", "strict", 1.0),
         ("... #### 72", 72, "strict", 1.0),
-        ("... #### 72.00", "72", "strict", 1.0),
+        ("... #### 72.00", "72", "strict", 0.0),  # verl compares the text
+        ("... #### 72.00", "72", "flexible", 1.0),  # flexible compares numbers
         ("... #### 1,000", "1000", "strict", 1.0),
-        ("... #### 1000", "1,000", "strict", 1.0),
+        ("... #### 1000", "1,000", "strict", 0.0),
+        ("... #### 1000", "1,000", "flexible", 1.0),
         ("... #### 71", "72", "strict", 0.0),
         ("The answer is 72", "72", "strict", 0.0),  # no "####": strict gives nothing
         ("The answer is 72", "72", "flexible", 1.0),

@@ -13,7 +13,8 @@ from rlcore.components import Options
 class GSM8KOptions(Options):
     method: Literal["strict", "flexible"] = Field(
         "strict",
-        description='strict: the number after the last "####"; flexible: the last number in the response',
+        description='strict: verl\'s strict scorer (the last "#### N" in the last 300 characters, equal to the '
+        'answer as written); flexible: the last number in the response, compared as a number',
     )
     correct_score: float = Field(1.0, ge=-100.0, le=100.0, description="score of a correct answer")
     format_score: float = Field(
