@@ -45,7 +45,7 @@ def write_manifest(directory: Path, model_dir: Path, launcher: dict, **tables) -
     depend on how prompts are split), a dense reward, batch-whitened advantages; 4 prompts a step,
     so each of the 4 ranks rolls out one."""
     (directory / "reward.py").write_text(REWARD)
-    doc = deep_update(TINY_RUN, {
+    doc = deep_update(deep_update(TINY_RUN, {
         "run": {"name": "slurm-ranks"},
         "model": {"path": str(model_dir)},
         "rollout": {"samples_per_prompt": 1, "temperature": 0.0},
@@ -53,8 +53,7 @@ def write_manifest(directory: Path, model_dir: Path, launcher: dict, **tables) -
         "algorithm": {"advantage": "reinforce_pp"},
         "data": {"prompts_per_step": 4, "max_response_tokens": 6, "val": None},
         "trainer": {"steps": 3, "lr": 1e-2, "loggers": ["jsonl", "console"]},
-        **tables,
-    })
+    }), tables)
     doc["launcher"] = launcher
     path = directory / "manifest.toml"
     path.write_text(tomli_w.dumps(doc), encoding="utf-8")
@@ -170,7 +169,8 @@ def test_a_dead_rank_fails_the_job_and_resume_continues(two_nodes, tmp_path, tin
     follower = Follower(str(manifest), "--run-dir", str(run_dir), "--resume")
     try:
         job = follower.job()
-        wait_for(lambda: any(r["step"] == saved + 1 for r in train_rows(run_dir)) or follower.proc.poll() is not None,
+        # This run's own console line (metrics.jsonl may still hold the killed run's later rows).
+        wait_for(lambda: re.search(rf"^step {saved + 1}/50 \|", follower.out, re.M) or follower.proc.poll() is not None,
                  240, f"step {saved + 1} of the resumed run")
         assert follower.proc.poll() is None, follower.out[-5000:]
         subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
