@@ -119,3 +119,20 @@ def test_hub_offline_is_a_clear_error(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120).stdout
     assert out.startswith("ERROR could not load openai/gsm8k"), out
     assert "--input" in out
+
+
+def test_verl_style_gives_verls_rows_field_for_field(tmp_path):
+    """What verl's examples/data_preprocess/gsm8k.py writes: the question as given, a space, its
+    instruction; the first "#### N" without commas; extra_info with the answer before the question."""
+    records = [{"question": "  Tom has 3 apples. ", "answer": "3 apples.\n#### 1,003"}]
+    written = convert(write_jsonl(tmp_path / "test.jsonl", records), tmp_path / "out", style="verl")
+    (row,) = read_rows(written["test"])
+    assert row == {
+        "data_source": "openai/gsm8k",
+        "prompt": [{"role": "user", "content": '  Tom has 3 apples.  Let\'s think step by step and output the final answer after "####".'}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": "1003"},
+        "extra_info": {"split": "test", "index": 0, "answer": "3 apples.\n#### 1,003", "question": "  Tom has 3 apples. "},
+    }
+    assert list(row) == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+    assert list(row["extra_info"]) == ["split", "index", "answer", "question"]

@@ -173,3 +173,16 @@ def test_a_tokenizer_without_a_chat_template_gets_the_plain_text(tmp_path):
     ids = {w: i for i, w in enumerate(WORDS)}
     assert ps.prompts[0].token_ids == [ids["What"], ids["is"], ids["2"], ids["+"], ids["2?"]]
     assert any("no chat template" in m for m in messages)
+
+
+def test_chat_template_kwargs_reach_the_template(tmp_path):
+    """[data] chat_template_kwargs (Qwen3's enable_thinking, for instance) change the rendered prompt."""
+    template = (
+        "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% if thinking %} What{% endif %}{% endif %}"
+    )
+    tok = word_tokenizer(template)
+    spec = str(write_jsonl(tmp_path / "d.jsonl", [verl_row("What is 2 + 2?", "4")]))
+    plain = load_prompts(spec, tokenizer=tok, max_prompt_tokens=100).prompts[0].token_ids
+    thinking = load_prompts(spec, tokenizer=tok, max_prompt_tokens=100, chat_template_kwargs={"thinking": True}).prompts[0].token_ids
+    assert thinking == plain + [WORDS.index("What")]

@@ -2,6 +2,8 @@
 
     rlcore data gsm8k --input gsm8k/train.jsonl --output data/gsm8k
     rlcore data gsm8k --input hub --output data/gsm8k
+    rlcore data gsm8k --input gsm8k/ --style verl --output data/gsm8k      # verl's own wording, row for row
+    rlcore data math --input MATH/ --output data/math                      # the published layout, or jsonl/parquet
     rlcore data synthetic --task addition --size 1000 --seed 1 --output data/add/train.parquet
     rlcore data synthetic --task addition --split test --size 64 --param digits=2 --output data/add/test.parquet
 """
@@ -9,16 +11,22 @@
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
-from rlcore.errors import UsageError
+from rlcore.errors import RlcoreError, UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="data_command", metavar="{gsm8k,synthetic}")
+    sub = parser.add_subparsers(dest="data_command", metavar="{gsm8k,math,synthetic}")
     sub.required = True
     g = sub.add_parser("gsm8k", help="convert GSM8K (question/answer '#### N') into verl-format parquet")
     g.add_argument("--input", required=True, help="a jsonl/parquet file, a directory of them, or 'hub'")
     g.add_argument("--output", required=True, help="directory for <split>.parquet")
+    g.add_argument("--style", choices=["rlcore", "verl"], default="rlcore",
+                   help="the prompt's wording: rlcore's, or verl's preprocessing (the same rows a verl recipe trains on)")
+    m = sub.add_parser("math", help="convert MATH (problem/solution with \\boxed{} answers) into verl-format parquet")
+    m.add_argument("--input", required=True, help="MATH's directory (<split>/<subject>/<n>.json), or jsonl/parquet files")
+    m.add_argument("--output", required=True, help="directory for <split>.parquet")
     s = sub.add_parser("synthetic", help="write a synthetic task with checkable answers as parquet")
     s.add_argument("--task", required=True, help="the task: addition or arithmetic")
     s.add_argument("--size", type=int, default=1000, help="number of rows")
@@ -31,10 +39,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.data_command == "gsm8k":
-        from rlcore.data.gsm8k import convert
+    if args.data_command in ("gsm8k", "math"):
+        if args.data_command == "gsm8k":
+            from rlcore.data.gsm8k import convert as convert_gsm8k
 
-        written = convert(args.input, args.output)
+            convert = partial(convert_gsm8k, style=args.style)
+        else:
+            from rlcore.data.math import convert
+        try:
+            written = convert(args.input, args.output)
+        except RlcoreError as exc:  # what is wrong is the input: a usage error (exit 2)
+            raise UsageError(str(exc)) from None
         for split, path in written.items():
             print(f"{split}: {path}")
         return 0

@@ -2,7 +2,9 @@
 
 The ground truth is the number after ``####`` without thousands separators; the prompt is the
 question followed by an instruction to reason and end with ``#### <answer>``, which is what the
-``gsm8k`` reward (``rlcore-reward-rule``) looks for.
+``gsm8k`` reward (``rlcore-reward-rule``) looks for. Two wordings: rlcore's own (``style =
+"rlcore"``), and verl's preprocessing (``style = "verl"``: its instruction appended to the question
+as given, its ground-truth extraction), so that a published verl recipe sees the same rows.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from rlcore.errors import RlcoreError
 DATA_SOURCE = "openai/gsm8k"
 HUB_ID, HUB_CONFIG = "openai/gsm8k", "main"
 INSTRUCTION = 'Reason step by step, then write the final answer on its own after "####".'
+VERL_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+STYLES = ("rlcore", "verl")
 _FINAL = re.compile(r"####\s*(-?[\d,]*\.?\d+)\s*$")
+_VERL_FINAL = re.compile(r"#### (\-?[0-9\.\,]+)")  # verl's extraction: the first "#### N"
 
 
 def final_answer(answer: str) -> str | None:
@@ -26,7 +31,15 @@ def final_answer(answer: str) -> str | None:
     return match.group(1).replace(",", "") if match else None
 
 
-def to_rows(records: list[dict[str, Any]], split: str, source: str) -> list[dict[str, Any]]:
+def verl_answer(answer: str) -> str | None:
+    """The ground truth as verl's preprocessing extracts it: the first ``#### N``, commas removed."""
+    match = _VERL_FINAL.search(answer)
+    return match.group(1).replace(",", "") if match else None
+
+
+def to_rows(records: list[dict[str, Any]], split: str, source: str, style: str = "rlcore") -> list[dict[str, Any]]:
+    if style not in STYLES:
+        raise RlcoreError(f"unknown GSM8K style {style!r}; known: {', '.join(STYLES)}")
     rows = []
     for i, record in enumerate(records):
         question, answer = record.get("question"), record.get("answer")
@@ -35,16 +48,19 @@ def to_rows(records: list[dict[str, Any]], split: str, source: str) -> list[dict
                 f"{source}: row {i} needs the text fields 'question' and 'answer' (GSM8K's format); "
                 f"its fields: {', '.join(sorted(record)) or '(none)'}"
             )
-        truth = final_answer(answer)
+        truth = final_answer(answer) if style == "rlcore" else verl_answer(answer)
         if truth is None:
             raise RlcoreError(f"{source}: row {i}: the answer does not end with '#### <number>': {answer[-60:]!r}")
+        content = f"{question.strip()} {INSTRUCTION}" if style == "rlcore" else f"{question} {VERL_INSTRUCTION}"
         rows.append(
             {
                 "data_source": DATA_SOURCE,
-                "prompt": [{"role": "user", "content": f"{question.strip()} {INSTRUCTION}"}],
+                "prompt": [{"role": "user", "content": content}],
                 "ability": "math",
                 "reward_model": {"style": "rule", "ground_truth": truth},
-                "extra_info": {"split": split, "index": i, "question": question, "answer": answer},
+                # verl writes the answer before the question: the same struct, field for field.
+                "extra_info": ({"split": split, "index": i, "question": question, "answer": answer} if style == "rlcore"
+                               else {"split": split, "index": i, "answer": answer, "question": question}),
             }
         )
     return rows
@@ -91,9 +107,10 @@ def _hub_splits() -> dict[str, list[dict[str, Any]]]:
     return {name: split.to_list() for name, split in loaded.items()}
 
 
-def convert(source: str | Path, output_dir: str | Path) -> dict[str, Path]:
+def convert(source: str | Path, output_dir: str | Path, style: str = "rlcore") -> dict[str, Path]:
     """Convert GSM8K (a local jsonl/parquet file or directory of them, or ``"hub"``) into
-    ``output_dir/<split>.parquet``; return ``{split: path}``. A file's name picks its split."""
+    ``output_dir/<split>.parquet`` in ``style``'s wording; return ``{split: path}``. A file's name
+    picks its split."""
     splits = _hub_splits() if str(source) == "hub" else _local_splits(Path(source).expanduser())
     out = Path(output_dir).expanduser()
     written: dict[str, Path] = {}
@@ -101,5 +118,5 @@ def convert(source: str | Path, output_dir: str | Path) -> dict[str, Path]:
         where = f"GSM8K {name} split" if str(source) == "hub" else f"{source} ({name})"
         if not records:
             raise RlcoreError(f"{where} is empty")
-        written[name] = write_parquet(to_rows(records, name, where), out / f"{name}.parquet")
+        written[name] = write_parquet(to_rows(records, name, where, style), out / f"{name}.parquet")
     return written

@@ -92,9 +92,11 @@ def load_prompts(
     base_dir: str | Path | None = None,
     limit: int | None = None,
     shuffle_seed: int | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> PromptSet:
     """Read, tokenize and length-filter a dataset. ``limit`` keeps at most that many prompts (after
-    shuffling with ``shuffle_seed``, when given); ``Prompt.index`` is the row's position in the source."""
+    shuffling with ``shuffle_seed``, when given); ``Prompt.index`` is the row's position in the source.
+    ``chat_template_kwargs`` go to the chat template (``enable_thinking = false`` for Qwen3)."""
     rows, source = read_source(spec, base_dir)
     if not rows:
         raise RlcoreError(f"data {source!r} is empty")
@@ -106,7 +108,7 @@ def load_prompts(
     order = list(range(len(rows)))
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(order)
-    encoder = _Encoder(tokenizer)
+    encoder = _Encoder(tokenizer, chat_template_kwargs)
     prompts: list[Prompt] = []
     too_long: list[int] = []
     longest, shortest = 0, None
@@ -187,15 +189,17 @@ class _Encoder:
     """Chat template with the generation prompt; a tokenizer without a template (a base model)
     gets the messages' contents joined by newlines, with a warning."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
+        self.template_kwargs = dict(template_kwargs or {})
         self.templated = bool(getattr(tokenizer, "chat_template", None))
         if not self.templated:
             logger.warning("the tokenizer has no chat template: prompts are the messages' text joined by newlines")
 
     def __call__(self, messages: list[dict[str, Any]]) -> list[int]:
         if self.templated:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                      **self.template_kwargs)
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         text = "\n".join(str(m.get("content", "")) for m in messages)
         return list(self.tokenizer(text)["input_ids"])

@@ -78,6 +78,11 @@ class DataTable(Table):
     val_max_prompts: int | None = Field(None, ge=1, description="evaluate on at most this many validation prompts")
     shuffle: bool = True
     prompt_key: str = "prompt"
+    chat_template_kwargs: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="keyword arguments for the tokenizer's chat template when prompts are rendered (e.g. "
+        "enable_thinking = false for Qwen3)",
+    )
 
 
 class RolloutTable(Table):

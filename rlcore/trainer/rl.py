@@ -244,7 +244,8 @@ class RLTrainer:
         from rlcore.data import load_prompts
 
         d = self.cfg.data
-        common = dict(tokenizer=self.tokenizer, max_prompt_tokens=d.max_prompt_tokens, prompt_key=d.prompt_key, base_dir=self.manifest.base_dir)
+        common = dict(tokenizer=self.tokenizer, max_prompt_tokens=d.max_prompt_tokens, prompt_key=d.prompt_key,
+                      base_dir=self.manifest.base_dir, chat_template_kwargs=d.chat_template_kwargs)
         try:
             self.train_set = load_prompts(d.train, **common)
             self.val_set = load_prompts(d.val, limit=d.val_max_prompts, **common) if d.val else None
