@@ -189,3 +189,39 @@ def test_a_dead_rank_fails_the_job_and_resume_continues(two_nodes, tmp_path, tin
         log = (run_dir / f"run.rank{rank}.log").read_text()
         assert "received SIGUSR1" in log and "stopped by SIGUSR1" in log, (rank, log[-2000:])
     assert slurm.job_status(job).state == "FAILED"
+
+
+def test_a_dead_node_ends_the_job_naming_it(two_nodes, slurm_launcher, launch_request, tmp_path, capsys):
+    """A node that SLURM finds dead (set DOWN here, as slurmctld does when a node stops answering)
+    ends the job as NODE_FAIL, not a requeue that would rerun it without --resume; srun's line in
+    the streamed log names the node. The ranks are stand-ins that wait (no training needed)."""
+    fake = tmp_path / "rank-python"
+    fake.write_text(f'#!/bin/sh\n[ "$1" = -c ] && exec {sys.executable} "$@"\n'
+                    'echo "rank $SLURM_PROCID on $SLURMD_NODENAME: waiting"\nexec sleep 300\n')
+    fake.chmod(0o755)
+    launcher = slurm_launcher(nodes=2, python=str(fake), job_name="node-death")
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(code=launcher.launch(launch_request())))
+    thread.start()
+    job = None
+    try:
+        job = wait_for(lambda: next((j.job_id for j in slurm.list_jobs() if j.name == "rlcore-node-death"), None),
+                       60, "the job")
+        log = tmp_path / "run" / "launch" / f"slurm-{job}.log"
+        wait_for(lambda: log.exists() and "rank 1 on rlcore2: waiting" in log.read_text(), 60, "both ranks")
+        subprocess.run(["scontrol", "update", "nodename=rlcore2", "state=down", "reason=rlcore test: a node dies"],
+                       check=True, capture_output=True)
+        thread.join(60)
+    finally:
+        if thread.is_alive() and job:
+            subprocess.run(["scancel", job], check=False)
+            thread.join(30)
+        # The test cluster returns a node that answers to service (ReturnToService=2); make sure.
+        subprocess.run(["scontrol", "update", "nodename=rlcore2", "state=resume"], check=False, capture_output=True)
+        wait_for(lambda: "down" not in subprocess.run(["sinfo", "-h", "-n", "rlcore2", "-o", "%T"],
+                                                      capture_output=True, text=True).stdout, 30, "rlcore2 back up")
+    out = capsys.readouterr().out
+    assert result["code"] == 1, out
+    assert "srun: error: Node failure on rlcore2" in out
+    assert f"job {job} NODE_FAIL: a node of the job failed" in out
+    assert slurm.job_status(job).state == "NODE_FAIL"

@@ -49,7 +49,7 @@ def test_dry_run_renders_resources_and_submits_nothing(slurm_launcher, launch_re
     directives = sbatch_directives(out)
     assert directives[:2] == ["--job-name=rlcore-gsm8k_grpo", "--comment=rlcore"]
     for expected in (
-        "--nodes=1", "--ntasks-per-node=4", "--cpus-per-task=16", "--gpus-per-node=4", "--mem=200G",  # a rank per GPU
+        "--nodes=1", "--ntasks-per-node=4", "--no-requeue", "--cpus-per-task=16", "--gpus-per-node=4", "--mem=200G",
         "--partition=gpu", "--account=proj1", "--time=4:00:00",
         f"--output={run_dir}/launch/slurm-%j.log", f"--chdir={run_dir}",
     ):

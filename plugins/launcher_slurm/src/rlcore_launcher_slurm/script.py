@@ -113,6 +113,9 @@ def render(
         _directive("--comment", COMMENT),
         _directive("--nodes", options.nodes),
         _directive("--ntasks-per-node", ranks),
+        # A node failure ends the job (NODE_FAIL) rather than requeueing it, which would rerun this
+        # script from the start, without --resume: `rlcore run --resume` continues instead.
+        _directive("--no-requeue"),
     ]
     if options.cpus_per_task is not None:
         lines.append(_directive("--cpus-per-task", options.cpus_per_task))
