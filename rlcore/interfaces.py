@@ -84,6 +84,7 @@ class RewardInput:
     ground_truth: Any = None
     data_source: str = ""
     extra_info: dict[str, Any] = field(default_factory=dict)
+    group: int = 0  # the prompt's position in the batch: a prompt's samples share it (batched rewards)
 
 
 @dataclass
@@ -95,6 +96,21 @@ class RewardResult:
 class RewardFunction(Protocol):
     def __call__(self, item: RewardInput) -> float | RewardResult:
         """Score one trajectory. Raising or running past the time limit scores 0 (counted)."""
+
+
+class BatchRewardFunction(Protocol):
+    """A reward that scores a whole batch at once: a reward model on a GPU, a judge behind an
+    endpoint with its own concurrency, or a ranking of each prompt's samples (``item.group``).
+
+    Declared by ``batched = True``. It runs in the trainer's process (not in worker processes),
+    ``[reward] timeout_s`` bounds the whole batch, and ``sleep()`` / ``wake_up()``, when defined,
+    are called after and before each batch (a reward model frees the GPU while the actor trains).
+    """
+
+    batched: bool
+
+    def score_batch(self, items: Sequence[RewardInput]) -> Sequence[float | RewardResult]:
+        """One result per item, in order. Raising scores the whole batch 0 (counted)."""
 
 
 # ----------------------------------------------------------------------------- algorithm

@@ -147,7 +147,7 @@ def test_a_reward_from_a_plugin_that_failed_to_import_names_it(tmp_path):
 @pytest.mark.parametrize("target, phrase", [
     ("python:rewards.py:nosuch", "rewards.py has no function 'nosuch'; defined there: THRESHOLD, score"),
     ("python:rewards.py:scor", "did you mean 'score'?"),
-    ("python:rewards.py:THRESHOLD", "'THRESHOLD' is not a function but a int value"),
+    ("python:rewards.py:THRESHOLD", "'THRESHOLD' is not a function (or a batched reward) but a int value"),
     ("python:broken.py:score", "importing reward file"),
     ("python:no_such_package_xyz.rewards:score", "reward module 'no_such_package_xyz.rewards' cannot be imported"),
 ])

@@ -19,6 +19,8 @@ from rlcore.targets import load_target
 def load_python_function(target: str) -> tuple[Callable[..., Any], str]:
     """Import ``FILE.py:FUNC`` or ``package.module:FUNC``; return the function and where it came from."""
     fn, origin = load_target(target, what="function", source="reward")
+    if _is_batched(fn):
+        return fn, origin
     if not callable(fn):
         raise RlcoreError(f"{origin}: {target.rpartition(':')[2]!r} is not a function but a {type(fn).__name__} value")
     return fn, origin
@@ -85,9 +87,17 @@ def _detect_style(fn: Callable[..., Any], origin: str) -> str:
     )
 
 
-def build_python_reward(options: Any, context: Any = None) -> PythonReward:
-    """Factory of the builtin ``python`` reward (options: :class:`rlcore.builtin.options.PythonRewardOptions`)."""
+def _is_batched(obj: Any) -> bool:
+    return bool(getattr(obj, "batched", False)) and callable(getattr(obj, "score_batch", None))
+
+
+def build_python_reward(options: Any, context: Any = None) -> Any:
+    """Factory of the builtin ``python`` reward (options: :class:`rlcore.builtin.options.PythonRewardOptions`).
+    A target that is a batched reward (``batched = True`` and ``score_batch``, see
+    :class:`rlcore.interfaces.BatchRewardFunction`) is used as it is."""
     fn, origin = load_python_function(options.target)
+    if _is_batched(fn):
+        return fn
     return PythonReward(fn, origin, target=options.target)
 
 

@@ -449,8 +449,8 @@ def _check_targets(col: _Collector, doc: dict[str, Any], selected: dict[str, Sel
         except RlcoreError as exc:
             col.add(key, str(exc))
             continue
-        if not callable(obj):
-            col.add(key, f"{origin}: {name!r} is not a function but a {type(obj).__name__} value")
+        if not callable(obj) and not callable(getattr(obj, "score_batch", None)):
+            col.add(key, f"{origin}: {name!r} is not a function (or a batched reward) but a {type(obj).__name__} value")
 
 
 def _lookup(

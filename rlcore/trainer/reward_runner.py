@@ -316,6 +316,66 @@ class RewardBatch:
     statuses: list[str] = field(default_factory=list)
 
 
+def _batch(scores: list[float], statuses: list[str], item_metrics: list[dict[str, float]], start: float) -> RewardBatch:
+    metrics = {name: float(statuses.count(status)) for status, name in FAILURE_METRICS.items()}
+    sums: dict[str, list[float]] = {}
+    for m in item_metrics:
+        for key, value in m.items():
+            sums.setdefault(key, []).append(value)
+    for key, values in sums.items():
+        metrics[key if key.startswith("reward/") else f"reward/{key}"] = sum(values) / len(values)
+    metrics["reward/time_s"] = time.perf_counter() - start
+    return RewardBatch(scores=scores, metrics=metrics, statuses=statuses)
+
+
+def score_batched(fn: Any, items: Sequence[RewardInput], timeout_s: float) -> RewardBatch:
+    """Score ``items`` with a batched reward (``fn.score_batch(items)``, see
+    :class:`rlcore.interfaces.BatchRewardFunction`) in this process, with ``timeout_s`` for the
+    whole batch. A batch that raises or runs late scores 0 everywhere, counted as errors or
+    timeouts (the late call is abandoned, still running in its thread); a result list of the
+    wrong length is an error; each result that is not a finite number counts as invalid."""
+    start = time.perf_counter()
+    n = len(items)
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            box["result"] = list(fn.score_batch(list(items)))
+        except BaseException as exc:  # noqa: BLE001 - user code
+            box["error"] = exc
+
+    thread = threading.Thread(target=call, name="rlcore-batched-reward", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    scores, statuses, item_metrics = [0.0] * n, ["ok"] * n, [{} for _ in range(n)]
+    if thread.is_alive():
+        failure = ("timeout", f"the batch of {n} gave no result after {timeout_s:g} s")
+    elif "error" in box:
+        exc = box["error"]
+        failure = ("error", f"{type(exc).__name__}: {exc}")
+    elif len(box["result"]) != n:
+        failure = ("error", f"score_batch returned {len(box['result'])} results for {n} items")
+    else:
+        failure = None
+    if failure is not None:
+        logger.warning("batched reward function: {}; the whole batch scores 0 (counted in {})", failure[1],
+                       FAILURE_METRICS[failure[0]])
+        return _batch(scores, [failure[0]] * n, item_metrics, start)
+    invalid = None
+    for i, result in enumerate(box["result"]):
+        try:
+            outcome = _normalise(result)
+        except Exception as exc:  # noqa: BLE001 - e.g. a score whose __float__ raises
+            outcome = ("invalid", f"{type(exc).__name__}: {exc}")
+        if outcome[0] == "ok":
+            scores[i], item_metrics[i] = outcome[1], outcome[2]
+        else:
+            statuses[i], invalid = outcome[0], invalid or (i, outcome[1])
+    if invalid is not None:
+        logger.warning("batched reward function: item {} {}; such items score 0 (counted in reward/invalid)", *invalid)
+    return _batch(scores, statuses, item_metrics, start)
+
+
 class RewardRunner:
     """Scores items with ``fn`` on ``workers`` workers; a call past ``timeout_s`` scores 0.
 
@@ -470,16 +530,7 @@ class RewardRunner:
                     self._log_start_failure(start_failure)
 
         self._fall_back_if_broken()
-
-        metrics = {name: float(statuses.count(status)) for status, name in FAILURE_METRICS.items()}
-        sums: dict[str, list[float]] = {}
-        for m in item_metrics:
-            for key, value in m.items():
-                sums.setdefault(key, []).append(value)
-        for key, values in sums.items():
-            metrics[key if key.startswith("reward/") else f"reward/{key}"] = sum(values) / len(values)
-        metrics["reward/time_s"] = time.perf_counter() - start
-        return RewardBatch(scores=scores, metrics=metrics, statuses=statuses)
+        return _batch(scores, statuses, item_metrics, start)
 
     def _log_start_failure(self, detail: str) -> None:
         if "start" not in self._logged:

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from rlcore.errors import UsageError
 from rlcore.interfaces import Prompt, RewardInput, Trajectory
-from rlcore.trainer.reward_runner import RewardRunner, check_required_fields
+from rlcore.trainer.reward_runner import RewardRunner, check_required_fields, score_batched
 
 
 class RoutedReward:
@@ -15,6 +15,12 @@ class RoutedReward:
     with ``default`` (``[reward] function``) for the sources without a route."""
 
     def __init__(self, routes: dict[str, Callable[..., Any]], default: Callable[..., Any] | None):
+        batched = [source for source, fn in {**routes, "(default)": default}.items() if getattr(fn, "batched", False)]
+        if batched:
+            raise UsageError(
+                f"[reward.routes]: the reward of {', '.join(map(repr, batched))} is a batched reward (a reward model or "
+                "a judge), which routes do not take yet; route per-item rewards, or train that source on its own"
+            )
         self.routes, self.default = routes, default
 
     def function_for(self, source: str) -> Callable[..., Any] | None:
@@ -44,10 +50,11 @@ class RoutedReward:
 
 class Scorer:
     def __init__(self, reward_fn, timeout_s: float, workers: int):
-        self.reward_fn = reward_fn
-        self.runner = RewardRunner(reward_fn, timeout_s=timeout_s, workers=workers)
-        # Reward workers are forked processes: started while the trainer's process is still small.
-        self.runner.start()
+        self.reward_fn, self.timeout_s = reward_fn, timeout_s
+        self.batched = bool(getattr(reward_fn, "batched", False))
+        # Per-item rewards run in worker processes, forked while the trainer's process is still
+        # small; a batched one runs here (see BatchRewardFunction).
+        self.runner = None if self.batched else RewardRunner(reward_fn, timeout_s=timeout_s, workers=workers).start()
 
     def check_data(self, prompts: list[Prompt], source_name: str) -> None:
         """Fail early, naming the file and row, on rows the reward cannot score."""
@@ -57,6 +64,7 @@ class Scorer:
             check_required_fields(prompts, getattr(self.reward_fn, "required_fields", ()) or (), source_name)
 
     def score(self, trajectories: list[Trajectory], tokenizer) -> tuple[list[float], dict[str, float]]:
+        groups: dict[int, int] = {}
         items = [
             RewardInput(
                 response=tokenizer.decode(t.response_ids, skip_special_tokens=True),
@@ -64,12 +72,27 @@ class Scorer:
                 ground_truth=t.prompt.ground_truth,
                 data_source=t.prompt.data_source,
                 extra_info=t.prompt.extra_info,
+                group=groups.setdefault(id(t.prompt), len(groups)),
             )
             for t in trajectories
         ]
-        result = self.runner.score(items)
+        if self.batched:
+            _call(self.reward_fn, "wake_up")
+            try:
+                result = score_batched(self.reward_fn, items, self.timeout_s)
+            finally:
+                _call(self.reward_fn, "sleep")
+        else:
+            result = self.runner.score(items)
         scores = [s + t.step_reward for s, t in zip(result.scores, trajectories)]
         return scores, dict(result.metrics)
 
     def close(self) -> None:
-        self.runner.close()
+        if self.runner is not None:
+            self.runner.close()
+
+
+def _call(obj: Any, method: str) -> None:
+    fn = getattr(obj, method, None)
+    if callable(fn):
+        fn()
