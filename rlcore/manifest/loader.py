@@ -550,7 +550,8 @@ def _validate_options(
     forbid_extra: bool = True,
 ) -> None:
     try:
-        value = component.options.model_validate(options)
+        # Validators that check files the options name read the manifest's directory from the context.
+        value = component.options.model_validate(options, context={"manifest_dir": str(col.path.parent)})
     except ValidationError as exc:
         _pydantic_problems(col, exc, prefix, component.options if forbid_extra else None)
         return
@@ -563,6 +564,7 @@ def _resolve_paths(core: Manifest, base_dir: Path, col: _Collector) -> None:
         ("model.tokenizer", lambda: core.model.tokenizer, lambda v: setattr(core.model, "tokenizer", v)),
         ("data.train", lambda: core.data.train, lambda v: setattr(core.data, "train", v)),
         ("data.val", lambda: core.data.val, lambda v: setattr(core.data, "val", v)),
+        ("critic.path", lambda: core.critic.path, lambda v: setattr(core.critic, "path", v)),
     ):
         value = getter()
         if value is None:

@@ -178,6 +178,11 @@ class AlgorithmTable(Table):
 
 
 class CriticTable(Table):
+    path: str | None = Field(
+        None,
+        description="the value model's starting weights: a Hugging Face directory (relative to the manifest) of a "
+        "model with the actor's tokenizer; default: [model] path",
+    )
     lr: float = Field(1e-5, gt=0)
     value_clip: float = Field(0.5, gt=0, description="clip range of the value loss")
     value_coef: float = Field(0.5, gt=0)
@@ -185,7 +190,12 @@ class CriticTable(Table):
 
 
 class TrainerTable(Table):
-    steps: int = Field(..., ge=1)
+    steps: int | None = Field(None, ge=1, description="optimizer steps to train (one batch each); or total_epochs")
+    total_epochs: float | None = Field(
+        None, gt=0, le=10_000,
+        description="train for this many passes over data.train instead: steps = ceil(total_epochs x usable "
+        "prompts / prompts_per_step), computed once the data is loaded",
+    )
     lr: float = Field(1e-6, gt=0)
     warmup_steps: int = Field(0, ge=0)
     weight_decay: float = Field(0.0, ge=0)
@@ -201,6 +211,13 @@ class TrainerTable(Table):
     eval_before_train: bool = True
     loggers: list[str] = Field(default_factory=lambda: ["console", "jsonl"])
     export_final: bool = Field(False, description="write the final model as a plain Hugging Face directory")
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> "TrainerTable":
+        if (self.steps is None) == (self.total_epochs is None):
+            raise ValueError("set one of steps (optimizer steps) and total_epochs (passes over data.train)"
+                             + (", not both" if self.steps is not None else ""))
+        return self
 
 
 class AgentTable(Table):

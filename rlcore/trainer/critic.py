@@ -21,8 +21,10 @@ class Critic(precision.TrainedRole):
         from rlcore.algorithms.value import CriticModel
 
         self.cfg, self.dist, self.device, self.batching = cfg, dist, device, batching
+        # A value model of its own ([critic] path), or the policy's weights with a value head.
+        path, gguf_file = (cfg.critic.path, None) if cfg.critic.path else (model_cfg.path, model_cfg.gguf_file)
         self.module = CriticModel.from_pretrained(
-            model_cfg.path, gguf_file=model_cfg.gguf_file, torch_dtype=precision.torch_dtype(prec.storage)
+            path, gguf_file=gguf_file, torch_dtype=precision.torch_dtype(prec.storage)
         ).to(device)
         self.masters = None
         if prec.mixed and not dist.enabled:

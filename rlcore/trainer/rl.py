@@ -12,6 +12,7 @@ of one step, and runs the loop: validation, checkpoints, metrics (docs/architect
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -122,6 +123,7 @@ class RLTrainer:
             from rlcore.trainer.critic import Critic
 
             self.critic = Critic(cfg, self.model_cfg, self.precision, self.dist, self.device, self.batching)
+            self._check_critic_vocabulary()
 
         context.tools = {s.role.split(".", 1)[1]: s.component.build(s.options, context) for s in self.manifest.roles("tools")}
         engine = self._build("rollout.engine", context)
@@ -149,7 +151,18 @@ class RLTrainer:
             logger.info("resumed from {} (step {})", checkpoint, self.step)
             context.resume_step = self.step
         self.scheduler = self._scheduler(engine)
+        context.total_steps = cfg.trainer.steps  # known now, also under total_epochs
         self.sinks = [s.component.build(s.options, context) for s in self.manifest.roles("loggers")] if self.dist.is_main else []
+
+    def _check_critic_vocabulary(self) -> None:
+        """A critic of its own ([critic] path) reads the actor's token ids: its embeddings must cover them."""
+        config = getattr(getattr(self.critic.module, "backbone", None), "config", None)
+        size = getattr(config, "vocab_size", None)
+        if self.cfg.critic.path and isinstance(size, int) and size < len(self.tokenizer):
+            raise UsageError(
+                f"{self.manifest.path}: [critic] path = {self.cfg.critic.path} has a vocabulary of {size} tokens, fewer "
+                f"than the actor's tokenizer ({len(self.tokenizer)}): a critic must share the actor's tokenizer"
+            )
 
     def _check_context(self) -> None:
         """Refuse at start-up what would crash mid-run (and again at every resume): a prompt and its
@@ -259,6 +272,11 @@ class RLTrainer:
                 len(self.train_set.prompts), d.prompts_per_step,
             )
         self.cursor = DataCursor(len(self.train_set.prompts), seed=self.cfg.run.seed, shuffle=d.shuffle)
+        t = self.cfg.trainer
+        if t.steps is None:  # total_epochs: as many steps as that many passes over the usable prompts take
+            t.steps = max(1, math.ceil(t.total_epochs * len(self.train_set.prompts) / d.prompts_per_step))
+            logger.info("total_epochs = {:g}: {} steps of {} prompts over {} usable prompts", t.total_epochs, t.steps,
+                        d.prompts_per_step, len(self.train_set.prompts))
 
     def _rank(self) -> int:
         return self.dist.rank if hasattr(self, "dist") else 0
