@@ -9,6 +9,14 @@ A trajectory ends when the model calls no tool (``stop``), when ``max_turns`` as
 done (``max_turns``), or when the response would exceed the run's ``max_new_tokens`` (``length``).
 A malformed call, an unknown tool, a tool that raises, hangs or returns the wrong type becomes an
 error message for the model and a count in the metrics; it never ends the rollout.
+
+Per-trajectory tool state follows verl's lifecycle: ``create(trajectory_id, **create_kwargs)`` ->
+``execute(trajectory_id, arguments, **execute_kwargs)`` -> ``calc_reward(trajectory_id,
+**calc_reward_kwargs)`` -> ``release(trajectory_id, **release_kwargs)``. The keyword arguments come
+from the data row's ``extra_info.tools_kwargs`` (``{"TOOL": {"create_kwargs": {...}, ...}}``); a
+tool the row names is created when the trajectory starts, any other on its first call. Every
+created tool with a ``calc_reward`` is asked for its reward when the trajectory ends; the value
+adds to ``Trajectory.step_reward`` (the trainer adds that to the reward function's score).
 """
 
 from __future__ import annotations
@@ -16,6 +24,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
+import json
+import numbers
 import threading
 import time
 import uuid
@@ -62,6 +73,8 @@ class _State:
     finish_reason: str = "length"
     turns: int = 0
     created: set[str] = field(default_factory=set)
+    broken: dict[str, str] = field(default_factory=dict)  # tool -> why its create failed
+    tools_kwargs: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # from the data row
     step_reward: float = 0.0
     counts: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
@@ -95,6 +108,15 @@ class _State:
         )
 
 
+# The keys of one tool's entry in a data row's extra_info.tools_kwargs (verl's format), by method.
+TOOL_KWARGS_STAGES = {
+    "create_kwargs": "create",
+    "execute_kwargs": "execute",
+    "calc_reward_kwargs": "calc_reward",
+    "release_kwargs": "release",
+}
+
+
 def _truncate(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
@@ -113,6 +135,8 @@ class ToolLoop:
         self._events = EventLoopThread()
         self._semaphore: asyncio.Semaphore | None = None
         self._gates: dict[str, asyncio.Semaphore] = {}  # per tool with a max_concurrency, on self._events' loop
+        self._accepted: set[tuple[str, str, tuple[str, ...]]] = set()  # (tool, stage, keys) checked against signatures
+        self._warned_unknown: set[str] = set()
         self.last_messages: list[list[dict[str, Any]]] = []  # the conversations of the last run (debugging, tests)
 
     # ------------------------------------------------------------------ public
@@ -137,11 +161,16 @@ class ToolLoop:
         budget = params.max_new_tokens
         per_turn = self.options.max_tokens_per_turn or budget
         states: list[_State] = []
-        for prompt in prompts:
+        kwargs_of = [self.row_tools_kwargs(p) for p in prompts]  # refuses bad rows before any generation
+        for prompt, tools_kwargs in zip(prompts, kwargs_of):
             prepared, messages = self._prepare(prompt)
             for _ in range(params.n):
-                states.append(_State(prompt=prepared, id=uuid.uuid4().hex, messages=[dict(m) for m in messages]))
+                states.append(
+                    _State(prompt=prepared, id=uuid.uuid4().hex, messages=[dict(m) for m in messages], tools_kwargs=tools_kwargs)
+                )
         try:
+            # The tools a row gives arguments for are part of its sample's environment: create them now.
+            await asyncio.gather(*(self._create(s, name) for s in states for name in s.tools_kwargs))
             turn = 0
             while True:
                 active = [s for s in states if not s.done]
@@ -176,10 +205,87 @@ class ToolLoop:
                     s.messages.extend([glue.assistant, *messages])
                     s.extend(glue.ids, None)
                 turn += 1
+            await asyncio.gather(*(self._calc_rewards(s) for s in states))
         finally:
             await asyncio.gather(*(self._release(s) for s in states))
         self.last_messages = [s.messages for s in states]
         return [s.trajectory() for s in states]
+
+    # ------------------------------------------------------------------ per-sample tool arguments
+
+    def row_tools_kwargs(self, prompt: Prompt) -> dict[str, dict[str, dict[str, Any]]]:
+        """The row's ``extra_info.tools_kwargs`` for this loop's tools: ``{tool: {stage: kwargs}}``.
+
+        A malformed entry, or keyword arguments the tool's method does not take, is a UsageError
+        naming the row; an entry for a tool this run does not offer is skipped with a warning (once
+        per tool). ``None`` entries are absent ones (Parquet fills missing struct fields so).
+        """
+        raw = (prompt.extra_info or {}).get("tools_kwargs")
+        if raw is None:
+            return {}
+        where = f"data row {prompt.index}" + (f" (data_source {prompt.data_source!r})" if prompt.data_source else "")
+        if isinstance(raw, str):  # some pipelines store it as JSON text
+            try:
+                raw = json.loads(raw)
+            except ValueError as exc:
+                raise UsageError(f"{where}: extra_info.tools_kwargs is a string but not JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise UsageError(
+                f'{where}: extra_info.tools_kwargs must map tool names to {{"create_kwargs": {{...}}, ...}}, '
+                f"got {type(raw).__name__}"
+            )
+        out: dict[str, dict[str, dict[str, Any]]] = {}
+        for name, entry in raw.items():
+            if entry is None:
+                continue
+            key = f"extra_info.tools_kwargs.{name}"
+            if not isinstance(entry, dict):
+                raise UsageError(f"{where}: {key} must be a mapping of {', '.join(TOOL_KWARGS_STAGES)}, got {type(entry).__name__}")
+            if name not in self.tools:
+                if name not in self._warned_unknown:
+                    self._warned_unknown.add(name)
+                    logger.warning(
+                        "{}: {} names a tool this run does not offer (offered: {}); its arguments are not used",
+                        where, key, ", ".join(sorted(self.tools)) or "none",
+                    )
+                continue
+            stages: dict[str, dict[str, Any]] = {}
+            for stage, kwargs in entry.items():
+                if kwargs is None:
+                    continue
+                if stage not in TOOL_KWARGS_STAGES:
+                    raise UsageError(f"{where}: {key}.{stage} is not one of {', '.join(TOOL_KWARGS_STAGES)}")
+                if not isinstance(kwargs, dict):
+                    raise UsageError(f"{where}: {key}.{stage} must be a mapping of keyword arguments, got {type(kwargs).__name__}")
+                if kwargs:
+                    self._check_accepts(name, stage, kwargs, f"{where}: {key}.{stage}")
+                    stages[stage] = dict(kwargs)
+            out[name] = stages
+        return out
+
+    def _check_accepts(self, name: str, stage: str, kwargs: dict[str, Any], where: str) -> None:
+        cached = (name, stage, tuple(sorted(kwargs)))
+        if cached in self._accepted:
+            return
+        tool = self.tools[name]
+        method_name = TOOL_KWARGS_STAGES[stage]
+        method = getattr(tool, method_name, None)
+        if not callable(method):
+            raise UsageError(f"{where} is given, but tool {name!r} ({type(tool).__name__}) has no {method_name}() method")
+        try:
+            signature = inspect.signature(method)
+        except (TypeError, ValueError):  # a builtin or C callable: trust it
+            self._accepted.add(cached)
+            return
+        positional: tuple[Any, ...] = ("trajectory-id", {}) if method_name == "execute" else ("trajectory-id",)
+        try:
+            signature.bind(*positional, **kwargs)
+        except TypeError as exc:
+            raise UsageError(
+                f"{where} gives {', '.join(sorted(kwargs))}, which {type(tool).__name__}.{method_name}{signature} "
+                f"does not take ({exc})"
+            ) from None
+        self._accepted.add(cached)
 
     @staticmethod
     def _check(outputs: Any, prompts: int, n: int) -> list[list[Any]]:
@@ -252,11 +358,14 @@ class ToolLoop:
         try:
             # Wait for the tool's own slot first, outside the timeout: a call queued behind others on a
             # busy machine is not a call that hangs (the tool limits each run's time itself).
+            if call.name not in s.created:
+                await self._create(s, call.name)
+            if call.name in s.broken:
+                s.counts["tool_errors"] += 1
+                return f"Error: {call.name!r} could not be set up for this conversation: {s.broken[call.name]}"
+            execute_kwargs = s.tools_kwargs.get(call.name, {}).get("execute_kwargs", {})
             async with self._tool_gate(call.name, tool), self._semaphore:
-                if call.name not in s.created:
-                    s.created.add(call.name)
-                    await asyncio.wait_for(tool.create(s.id), timeout)
-                result = await asyncio.wait_for(tool.execute(s.id, call.arguments), timeout)
+                result = await asyncio.wait_for(tool.execute(s.id, call.arguments, **execute_kwargs), timeout)
         except asyncio.TimeoutError:
             s.counts["tool_errors"] += 1
             s.counts["tool_timeouts"] += 1
@@ -292,10 +401,61 @@ class ToolLoop:
             gate = self._gates[name] = asyncio.Semaphore(limit)
         return gate
 
+    async def _create(self, s: _State, name: str) -> None:
+        """Create the tool's state for the trajectory (once; a tool without ``create`` needs none).
+        A failure is remembered: the tool's calls in this trajectory get it as their error."""
+        if name in s.created:
+            return
+        s.created.add(name)
+        tool = self.tools[name]
+        create = getattr(tool, "create", None)
+        if create is None:
+            return
+        kwargs = s.tools_kwargs.get(name, {}).get("create_kwargs", {})
+        assert self._semaphore is not None
+        try:
+            async with self._tool_gate(name, tool), self._semaphore:
+                await asyncio.wait_for(create(s.id, **kwargs), self.options.tool_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a failing tool must never end the rollout
+            why = "timed out" if isinstance(exc, asyncio.TimeoutError) else f"{type(exc).__name__}: {exc}"
+            s.broken[name] = why
+            s.counts["tool_errors"] += 1
+            s.counts["tool_create_errors"] += 1
+            logger.warning("creating tool {} for trajectory {} failed: {}", name, s.id, why)
+
+    async def _calc_rewards(self, s: _State) -> None:
+        """Ask every tool the trajectory created (and that has ``calc_reward``) for its reward; the
+        value adds to the trajectory's step reward and shows as ``agent/<tool>/reward``."""
+        for name in sorted(s.created):
+            tool = self.tools[name]
+            calc = getattr(tool, "calc_reward", None)
+            if calc is None or name in s.broken:
+                continue
+            kwargs = s.tools_kwargs.get(name, {}).get("calc_reward_kwargs", {})
+            try:
+                value = await asyncio.wait_for(calc(s.id, **kwargs), self.options.tool_timeout_s)
+                if value is None:
+                    continue
+                if not isinstance(value, numbers.Real):
+                    raise TypeError(f"calc_reward returned {type(value).__name__}, not a number")
+                value = float(value)
+            except Exception as exc:  # noqa: BLE001 - a failing tool must never end the rollout
+                why = "timed out" if isinstance(exc, asyncio.TimeoutError) else f"{type(exc).__name__}: {exc}"
+                s.counts["tool_errors"] += 1
+                s.counts["tool_reward_errors"] += 1
+                logger.warning("tool {}'s calc_reward for trajectory {} failed (no reward added): {}", name, s.id, why)
+                continue
+            s.step_reward += value
+            s.counts[f"{name}/reward"] += value
+
     async def _release(self, s: _State) -> None:
         for name in s.created:
+            release = getattr(self.tools[name], "release", None)
+            if release is None or name in s.broken:  # a failed create left nothing to release
+                continue
+            kwargs = s.tools_kwargs.get(name, {}).get("release_kwargs", {})
             try:
-                await asyncio.wait_for(self.tools[name].release(s.id), self.options.tool_timeout_s)
+                await asyncio.wait_for(release(s.id, **kwargs), self.options.tool_timeout_s)
             except Exception as exc:  # noqa: BLE001
                 logger.warning("releasing tool {} for trajectory {} failed: {!r}", name, s.id, exc)
 
