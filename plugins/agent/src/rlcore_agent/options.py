@@ -61,6 +61,16 @@ class PythonToolOptions(Options):
         'without root or Landlock ABI 4 it may reach the network. Use it only for trusted models or throwaway machines',
     )
     description: str | None = Field(None, description="tool description shown to the model")
+    extract_code: bool = Field(
+        True,
+        description="when the code does not parse as Python but holds a Markdown fence (```python ... ```, "
+        "```py, or a bare ```), run the fenced code instead (the prose a model wrote around it is dropped)",
+    )
+    print_last_expr: bool = Field(
+        False,
+        description="print the value of a final bare expression as a REPL does (its repr, unless None); "
+        "the description shown to the model says so",
+    )
 
     @field_validator("isolation", mode="before")
     @classmethod

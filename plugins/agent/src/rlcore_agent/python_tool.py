@@ -1,7 +1,15 @@
-"""The ``python`` tool: the model writes a program, the sandbox runs it, the model reads its output."""
+"""The ``python`` tool: the model writes a program, the sandbox runs it, the model reads its output.
+
+Before running, the code is taken out of a Markdown fence when the model wrapped it in prose
+(:func:`extract_code`), and, with ``print_last_expr``, a final bare expression is printed as a
+REPL would (:func:`print_last_expression`). Both work on the source text in this process; nothing
+of the model's code runs outside the sandbox (``ast.parse`` only parses).
+"""
 
 from __future__ import annotations
 
+import ast
+import re
 from typing import Any
 
 from rlcore.interfaces import ToolResult
@@ -12,6 +20,66 @@ DESCRIPTION = (
     "Run a Python 3 program and return what it prints (stdout, then stderr). "
     "Each call starts fresh; there is no network. Use print() to see results."
 )
+DESCRIPTION_REPL = (
+    "Run a Python 3 program and return what it prints (stdout, then stderr); the value of a final "
+    "expression is printed too, as in a REPL. Each call starts fresh; there is no network."
+)
+
+# A Markdown code fence: ``` or ~~~, an optional language tag, the code, the same fence closing it.
+_FENCE = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[\w+.-]*)[^\n]*\n(?P<code>.*?)^[ \t]*(?P=fence)[ \t]*$", re.M | re.S)
+_PYTHON_TAGS = {"python", "py", "python3", "py3"}
+_LAST = "_rlcore_last_value"
+
+
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+def extract_code(text: str) -> tuple[str, bool]:
+    """The program in ``text``, and whether it was taken out of a Markdown fence.
+
+    Code that parses as Python runs as it is. Otherwise (prose around a fenced block), the blocks
+    tagged ``python``/``py``/``python3`` are joined in order, as cells of one program; without a
+    tagged block, the first untagged one is taken (a later untagged block is often the expected
+    output); blocks of other languages (```bash) are never run. Without a fence, the text is
+    returned unchanged (the sandbox then reports its syntax error)."""
+    if "```" not in text and "~~~" not in text or _parses(text):
+        return text, False
+    blocks = [(m.group("lang").lower(), m.group("code")) for m in _FENCE.finditer(text)]
+    tagged = [code for lang, code in blocks if lang in _PYTHON_TAGS]
+    if tagged:
+        return "\n".join(code.rstrip("\n") for code in tagged) + "\n", True
+    bare = [code for lang, code in blocks if not lang]
+    if bare:
+        return bare[0], True
+    return text, False
+
+
+def print_last_expression(code: str) -> str:
+    """``code`` with its final top-level expression statement replaced by printing its ``repr``
+    unless it is None, as the Python REPL does; line numbers of everything before it are kept.
+    Code that does not parse, or does not end in an expression, is returned unchanged."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return code
+    if not tree.body or not isinstance(tree.body[-1], ast.Expr):
+        return code
+    node = tree.body[-1]
+    lines = code.splitlines(keepends=True)
+    # ast offsets are in UTF-8 bytes of the line
+    start = len("".join(lines[: node.lineno - 1]).encode()) + node.col_offset
+    end = len("".join(lines[: node.end_lineno - 1]).encode()) + node.end_col_offset  # type: ignore[operator]
+    raw = code.encode()
+    after = raw[end:].decode()
+    if after.lstrip(" \t").startswith(";"):  # `value;` hides the value, as in Jupyter
+        return code
+    replacement = f"{_LAST} = ({raw[start:end].decode()})\nif {_LAST} is not None:\n    print(repr({_LAST}))\n"
+    return raw[:start].decode() + replacement + after
 
 
 def _cut(text: str, limit: int) -> str:
@@ -73,7 +141,7 @@ class PythonTool:
             "type": "function",
             "function": {
                 "name": self.name,
-                "description": self.options.description or DESCRIPTION,
+                "description": self.options.description or (DESCRIPTION_REPL if self.options.print_last_expr else DESCRIPTION),
                 "parameters": {
                     "type": "object",
                     "properties": {"code": {"type": "string", "description": "the complete Python program"}},
@@ -92,9 +160,16 @@ class PythonTool:
         code = arguments.get("code")
         if not isinstance(code, str) or not code.strip():
             return ToolResult(text='Error: the python tool needs {"code": "<a Python program>"}', error=True)
+        code, extracted = extract_code(code) if self.options.extract_code else (code, False)
+        if self.options.print_last_expr:
+            code = print_last_expression(code)
         result = await self.sandbox.run(code)
         text, failed = format_result(result, self.options.max_output_chars)
-        metrics = {"exec_time_s": result.execution_time, "timeouts": float(result.status == "TimeLimitExceeded")}
+        metrics = {
+            "exec_time_s": result.execution_time,
+            "timeouts": float(result.status == "TimeLimitExceeded"),
+            "code_extracted": float(extracted),
+        }
         return ToolResult(text=text, error=failed, metrics=metrics)
 
 
