@@ -12,10 +12,10 @@ from rlcore.testing.runs import read_metrics, train_rows, write_run_manifest
 
 def test_steps_or_total_epochs_exactly_one(tmp_path, tiny_model):
     both = write_run_manifest(tmp_path, tiny_model, trainer={"steps": 2, "total_epochs": 1.0})
-    with pytest.raises(ManifestError, match="set one of steps .* not both"):
+    with pytest.raises(ManifestError, match=r"trainer.total_epochs.*set one of steps .* not both"):
         load_manifest(both)
     neither = write_run_manifest(tmp_path, tiny_model, trainer={"steps": None})
-    with pytest.raises(ManifestError, match="set one of steps"):
+    with pytest.raises(ManifestError, match=r"trainer.steps.*required key is missing \(or give total_epochs"):
         load_manifest(neither)
 
 

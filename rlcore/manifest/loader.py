@@ -353,6 +353,7 @@ def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry
         _validate_table_options(col, registry, table, extras.get(table, {}), chosen, selected)
 
     _validate_reward_routes(col, registry, doc, base_dir, selected)
+    _check_steps(col, doc)
     for table, kind in COMPONENT_MAPS.items():
         entries = doc.get(table)
         if not isinstance(entries, dict):
@@ -385,6 +386,17 @@ def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry
     if col.problems:
         raise ManifestError(col.problems)
     return ResolvedManifest(path=path, raw=doc, core=core, selected=selected)
+
+
+def _check_steps(col: _Collector, doc: dict[str, Any]) -> None:
+    """``[trainer]`` says how long to train: ``steps`` or ``total_epochs``, one of them."""
+    trainer = doc.get("trainer")
+    if not isinstance(trainer, dict):
+        return  # phase 1 reported it
+    if "steps" not in trainer and "total_epochs" not in trainer:
+        col.add("trainer.steps", "required key is missing (or give total_epochs, passes over data.train)")
+    elif "steps" in trainer and "total_epochs" in trainer:
+        col.add("trainer.total_epochs", "set one of steps (optimizer steps) and total_epochs (passes over data.train), not both")
 
 
 def _validate_reward_routes(col: _Collector, registry: Registry, doc: dict[str, Any], base_dir: Path,

@@ -212,13 +212,6 @@ class TrainerTable(Table):
     loggers: list[str] = Field(default_factory=lambda: ["console", "jsonl"])
     export_final: bool = Field(False, description="write the final model as a plain Hugging Face directory")
 
-    @model_validator(mode="after")
-    def _steps_or_epochs(self) -> "TrainerTable":
-        if (self.steps is None) == (self.total_epochs is None):
-            raise ValueError("set one of steps (optimizer steps) and total_epochs (passes over data.train)"
-                             + (", not both" if self.steps is not None else ""))
-        return self
-
 
 class AgentTable(Table):
     model_config = ConfigDict(extra="allow")
