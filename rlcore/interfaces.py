@@ -234,6 +234,9 @@ class Launcher(Protocol):
 
 
 class MetricsSink(Protocol):
+    """Where metrics go. ``log_samples(rows, step)`` is optional: validation samples
+    (``[trainer] log_val_generations``), each row a dict of step, data_source, prompt, response, score."""
+
     def log(self, metrics: dict[str, float], step: int) -> None: ...
 
     def close(self) -> None: ...

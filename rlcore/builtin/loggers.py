@@ -157,31 +157,49 @@ def _sparkline(points: list[tuple[int, float]]) -> str:
 class JsonlSink:
     """One JSON object per line: ``{"step": N, ...metrics}``."""
 
+    SAMPLES_FILE = "generations.jsonl"
+
     def __init__(self, options, context):
         self.path = _run_dir(context) / options.filename
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        resume = _resume_step(context)
-        if self.path.exists():
-            kept = []
-            for line in self.path.read_text(encoding="utf-8").splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut by a crash
-                if resume is not None and record.get("step", 0) <= resume:
-                    kept.append(line)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
-            os.replace(tmp, self.path)
-        self.file = open(self.path, "a", encoding="utf-8")
+        self.resume = _resume_step(context)
+        self.file = _open_for_append(self.path, self.resume)
+        self.samples = None  # generations.jsonl, opened on the first samples
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
         self.file.write(json.dumps({"step": step, **clean}) + "\n")
         self.file.flush()
 
+    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
+        if self.samples is None:
+            self.samples = _open_for_append(self.path.with_name(self.SAMPLES_FILE), self.resume)
+        for row in rows:
+            self.samples.write(json.dumps({"step": step, **row}) + "\n")
+        self.samples.flush()
+
     def close(self) -> None:
         self.file.close()
+        if self.samples is not None:
+            self.samples.close()
+
+
+def _open_for_append(path: Path, resume: int | None):
+    """``path`` for appending, keeping only the records of steps up to ``resume`` (a fresh run
+    keeps none), so a resumed run never logs a step twice; a line cut by a crash is dropped."""
+    if path.exists():
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if resume is not None and record.get("step", 0) <= resume:
+                kept.append(line)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+        os.replace(tmp, path)
+    return open(path, "a", encoding="utf-8")
 
 
 class TensorboardSink:
@@ -199,6 +217,14 @@ class TensorboardSink:
         for key, value in metrics.items():
             if isinstance(value, (int, float)):
                 self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
+        """A markdown table under the text tab (val/generations)."""
+        cell = lambda v: str(v).replace("|", "\\|").replace("\n", "<br>")  # noqa: E731
+        lines = ["| data_source | prompt | response | score |", "|---|---|---|---|"]
+        lines += [f"| {cell(r['data_source'])} | {cell(r['prompt'])} | {cell(r['response'])} | {r['score']:.4g} |" for r in rows]
+        self.writer.add_text("val/generations", "\n".join(lines), step)
         self.writer.flush()
 
     def close(self) -> None:
@@ -227,6 +253,13 @@ class WandbSink:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
+
+    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
+        import wandb
+
+        columns = ["step", "data_source", "prompt", "response", "score"]
+        table = wandb.Table(columns=columns, data=[[step] + [r[c] for c in columns[1:]] for r in rows])
+        self.run.log({"val/generations": table}, step=step)
 
     def close(self) -> None:
         self.run.finish()

@@ -71,6 +71,13 @@ class Actor(precision.TrainedRole):
         return self.batching.per_token(batch, lambda micro: token_logprobs(model, micro, temperature)[0],
                                        lambda: self.dummy_forward(model))
 
+    @property
+    def parameter_count(self) -> int:
+        """Every parameter of the model (frozen ones too: they take part in the forward and backward)."""
+        if not hasattr(self, "_parameter_count"):
+            self._parameter_count = sum(p.numel() for p in self.module.parameters())
+        return self._parameter_count
+
     def gathered(self):
         """Inside: a sharded actor's parameters stay gathered (an engine generating with it)."""
         return unsharded(self.policy)
@@ -173,6 +180,8 @@ class Actor(precision.TrainedRole):
                     sums[key].append(value)
         self.scheduler.step()
         out = {k: sum(v) / len(v) for k, v in sums.items()}
+        if "actor/entropy" in out:
+            out["actor/entropy_loss"] = out["actor/entropy"]  # verl's older name for the same mean entropy
         if gap is not None:
             out.update(mismatch_metrics(gap))
         return out

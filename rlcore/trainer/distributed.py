@@ -20,7 +20,8 @@ import torch.distributed as dist
 from rlcore.errors import RlcoreError
 
 # How metrics of the ranks combine into one value (default: the mean).
-_SUM_KEYS = ("perf/total_num_tokens", "perf/throughput", "reward/errors", "reward/timeouts", "agent/tool_errors/sum")
+# perf/throughput is per GPU, as verl defines it (each rank's tokens per second, averaged).
+_SUM_KEYS = ("perf/total_num_tokens", "perf/throughput_total", "reward/errors", "reward/timeouts", "agent/tool_errors/sum")
 
 
 class Distributed:

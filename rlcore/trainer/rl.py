@@ -32,6 +32,7 @@ from rlcore.trainer.batching import Batching
 from rlcore.trainer.checkpoint import Checkpointer
 from rlcore.trainer.data_cursor import DataCursor
 from rlcore.trainer.distributed import Distributed, combine_metrics
+from rlcore.trainer.flops import mfu, peak_tflops
 from rlcore.trainer.rollout import Rollout
 from rlcore.trainer.scheduler import Background, BatchMaker, Colocated, Filling
 from rlcore.trainer.scoring import RoutedReward, Scorer
@@ -111,6 +112,7 @@ class RLTrainer:
         self.batching = Batching(self.dist, self.device, cfg.trainer.micro_batch_tokens, cfg.algorithm.mini_batches)
         self.actor = Actor(cfg, self.model_cfg, self.precision, self.dist, self.device, self.batching, checkpoint)
         self._check_context()
+        self._peak_tflops = peak_tflops(torch.cuda.get_device_name(self.device)) if self.device.startswith("cuda") else None
         self.reference = (
             models.build_reference(self.actor.module, self.model_cfg, self.device, self.precision.compute)
             if cfg.algorithm.kl_coef > 0 else None
@@ -389,7 +391,12 @@ class RLTrainer:
         metrics.update(self._batch_metrics(batch, trajectories))
         tokens = sum(batch.sequence_lengths())
         metrics["perf/total_num_tokens"] = tokens
-        metrics["perf/throughput"] = tokens / max(timer.times["timing_s/step"], 1e-9)
+        # verl's perf/throughput is per GPU: this rank's tokens per second (ranks average it).
+        metrics["perf/throughput"] = metrics["perf/throughput_total"] = tokens / max(timer.times["timing_s/step"], 1e-9)
+        utilisation = mfu(self.actor.parameter_count, tokens * algo.ppo_epochs, timer.times["timing_s/update_actor"],
+                          self._peak_tflops)
+        if utilisation is not None:
+            metrics["perf/mfu/actor"] = utilisation
         metrics["training/epoch"] = self.cursor.epoch
         metrics["actor/lr"] = self.actor.scheduler.get_last_lr()[0]
         return combine_metrics(self.dist.gather(metrics)) if self.dist.enabled else metrics
@@ -468,7 +475,7 @@ class RLTrainer:
         out.update(_stats("prompt_length", torch.tensor([len(p) for p in batch.prompt_ids], dtype=torch.float32)))
         out["response/model_tokens/mean"] = lengths.mean().item()
         if any(t.num_turns > 1 or t.tool_calls for t in trajectories):
-            out["agent/num_turns/mean"] = sum(t.num_turns for t in trajectories) / len(trajectories)
+            out.update(_stats("agent/num_turns", torch.tensor([float(t.num_turns) for t in trajectories])))
             out["agent/tool_calls/mean"] = sum(t.tool_calls for t in trajectories) / len(trajectories)
             out["agent/tool_errors/sum"] = float(sum(t.tool_errors for t in trajectories))
         extra: dict[str, list[float]] = defaultdict(list)
@@ -487,6 +494,7 @@ class RLTrainer:
         with self.scheduler.quiet():
             trajectories = self.rollout.generate(self.dist.shard(self.val_set.prompts), params)
         scores, _ = self.scorer.score(trajectories, self.tokenizer)
+        self._log_samples(trajectories, scores)
         results = [
             (t.prompt.data_source or "default", t.prompt.index, s, len(t.response_ids)) for t, s in zip(trajectories, scores)
         ]
@@ -506,6 +514,21 @@ class RLTrainer:
         metrics["val/response_length/mean"] = sum(r[3] for r in results) / max(len(results), 1)
         metrics["timing_s/val"] = time.perf_counter() - start
         return metrics
+
+    def _log_samples(self, trajectories: list[Trajectory], scores: list[float]) -> None:
+        """The first ``[trainer] log_val_generations`` validation samples (this rank's), to the sinks that take them."""
+        count = self.cfg.trainer.log_val_generations
+        takers = [sink for sink in getattr(self, "sinks", []) if hasattr(sink, "log_samples")]
+        if not count or not takers:
+            return
+        decode = self.tokenizer.decode
+        rows = [
+            {"data_source": t.prompt.data_source or "default", "prompt": decode(t.prompt.token_ids, skip_special_tokens=True),
+             "response": decode(t.response_ids, skip_special_tokens=True), "score": float(score)}
+            for t, score in list(zip(trajectories, scores))[:count]
+        ]
+        for sink in takers:
+            sink.log_samples(rows, self.step)
 
     def save(self) -> Path:
         with self._stored_weights():
