@@ -461,13 +461,27 @@ class ToolLoop:
 
 
 def build(options: ToolLoopOptions, context: Any) -> ToolLoop:
-    """Build the loop with ``context.tokenizer`` and the run's tools (``context.tools``)."""
+    """Build the loop with ``context.tokenizer`` and the run's tools (``context.tools``, and those
+    of ``tool_config``)."""
     available: dict[str, Tool] = dict(getattr(context, "tools", None) or {})
     tools: dict[str, Tool] = {}
+    origin: dict[str, str] = {}
     for key, tool in available.items():
         if getattr(tool, "takes_table_name", False):  # a function tool without an explicit name
             tool.name = key
-        tools[getattr(tool, "name", None) or key] = tool
+        name = getattr(tool, "name", None) or key
+        if name in tools:
+            raise UsageError(f"[tools.{key}] and {origin[name]} both offer a tool named {name!r}; tool names must differ")
+        tools[name], origin[name] = tool, f"[tools.{key}]"
+    if options.tool_config is not None:
+        from rlcore_agent.class_tool import build_config_tools
+
+        for name, tool in build_config_tools(options.tool_config, getattr(context, "manifest_dir", None)).items():
+            if name in tools:
+                raise UsageError(
+                    f"{options.tool_config} offers a tool named {name!r}, as {origin[name]} does; tool names must differ"
+                )
+            tools[name], origin[name] = tool, options.tool_config
     if options.tools is not None:
         missing = [n for n in options.tools if n not in tools]
         if missing:

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import shutil
-from typing import Literal
+from typing import Any, Literal
 
 from loguru import logger
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from rlcore.components import Options
+
+
+def _manifest_dir(info: ValidationInfo) -> str | None:
+    """The manifest's directory, which the manifest loader passes as validation context."""
+    return (info.context or {}).get("manifest_dir") if isinstance(info.context, dict) else None
+
+
+def _problem(message: str) -> PydanticCustomError:
+    """A validation error whose message the manifest loader prints as it is (located at the key)."""
+    return PydanticCustomError("rlcore_agent", "{message}", {"message": message})
 
 
 class ToolLoopOptions(Options):
@@ -30,6 +41,27 @@ class ToolLoopOptions(Options):
         True,
         description="render the prompt again with the tool schemas (through the chat template, or a system message when the template ignores tools)",
     )
+    tool_config: str | None = Field(
+        None,
+        description="a tool config file in verl's format (YAML, JSON or TOML; relative to the manifest): tools: a list "
+        "of {class_name: 'python:file.py:Class' or 'package.module:Class', config: {constructor arguments}, "
+        "tool_schema: optional}; offered beside the [tools.*] tables",
+    )
+
+    @field_validator("tool_config")
+    @classmethod
+    def _check_tool_config(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """The file exists and parses, each entry is well formed, each python: class exists with the
+        methods of a tool and takes its config; the path becomes absolute."""
+        if value is None:
+            return value
+        from rlcore.errors import RlcoreError
+        from rlcore_agent.class_tool import check_tool_config
+
+        try:
+            return check_tool_config(value, _manifest_dir(info))
+        except RlcoreError as exc:
+            raise _problem(str(exc)) from None
 
 
 class PythonToolOptions(Options):
@@ -93,6 +125,50 @@ class PythonToolOptions(Options):
                 'accepting the risks, set isolation = "process"'
             )
         return self
+
+
+class _ClassToolBase(Options):
+    # Keys besides `class` are the constructor's keyword arguments.
+    model_config = ConfigDict(extra="allow")
+
+    @field_validator("class", check_fields=False)
+    @classmethod
+    def _check_class(cls, value: str, info: ValidationInfo) -> str:
+        """A file target is imported (the user's file) and its class checked; a module target is
+        only looked for. The file becomes absolute."""
+        from rlcore.errors import RlcoreError
+        from rlcore_agent.class_tool import check_target, resolve_target
+
+        base_dir = _manifest_dir(info)
+        resolved = resolve_target(value, base_dir)
+        try:
+            check_target(resolved, None, import_modules=False)
+        except RlcoreError as exc:
+            raise _problem(str(exc)) from None
+        return resolved
+
+    @model_validator(mode="after")
+    def _check_arguments(self) -> Any:
+        from rlcore.errors import RlcoreError
+        from rlcore_agent.class_tool import check_arguments, check_target
+
+        try:
+            found = check_target(getattr(self, "class"), None, import_modules=False)
+            if found is not None:
+                check_arguments(found, dict(self.model_extra or {}))
+                if not callable(getattr(found, "schema", None)):
+                    raise RlcoreError(f"{found.__name__} has no schema() method (the function schema shown to the model)")
+        except RlcoreError as exc:
+            raise _problem(str(exc)) from None
+        return self
+
+
+# `class` is a Python keyword, so the field is made by name.
+ClassToolOptions = create_model(
+    "ClassToolOptions",
+    __base__=_ClassToolBase,
+    **{"class": (str, Field(..., min_length=3, description='"python:file.py:Class" (relative to the manifest) or "package.module:Class"; the other keys are its constructor\'s arguments'))},
+)
 
 
 class FunctionToolOptions(Options):

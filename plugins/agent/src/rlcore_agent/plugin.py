@@ -5,7 +5,7 @@ from __future__ import annotations
 import rlcore
 from rlcore.components import Command, Component
 
-from rlcore_agent.options import FunctionToolOptions, PythonToolOptions, ToolLoopOptions
+from rlcore_agent.options import ClassToolOptions, FunctionToolOptions, PythonToolOptions, ToolLoopOptions
 
 
 @rlcore.hookimpl
@@ -36,6 +36,13 @@ def rlcore_tools():
             selected_by="function",
             options=FunctionToolOptions,
             description='a plain typed Python function, named by [tools.NAME] function = "python:file.py:func"',
+        ),
+        Component(
+            name="class",
+            factory="rlcore_agent.class_tool:build",
+            selected_by="class",
+            options=ClassToolOptions,
+            description='a tool class, named by [tools.NAME] class = "python:file.py:Class" (other keys: its constructor\'s arguments)',
         ),
     ]
 
