@@ -201,6 +201,17 @@ class ToolResult:
 
 
 class Tool(Protocol):
+    """A tool with state per trajectory (verl's lifecycle): ``create`` -> ``execute`` (any number
+    of calls) -> ``calc_reward`` -> ``release``, each given the trajectory's id.
+
+    An agent loop may pass each method keyword arguments from the data row (the ``tool`` loop:
+    ``extra_info.tools_kwargs = {NAME: {"create_kwargs": {...}, "execute_kwargs": ...,
+    "calc_reward_kwargs": ..., "release_kwargs": ...}}``); a tool that takes none needs no such
+    parameters. Optional: ``async def calc_reward(trajectory_id, **kwargs) -> float | None``, asked
+    when the trajectory ends; its value adds to ``Trajectory.step_reward`` (as ``ToolResult.reward``
+    does), which the trainer adds to the reward function's score.
+    """
+
     name: str
 
     def schema(self) -> dict[str, Any]:
