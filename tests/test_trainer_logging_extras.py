@@ -45,3 +45,28 @@ def test_validation_samples_go_to_generations_jsonl_and_tensorboard(tmp_path, ti
     steps = [json.loads(line)["step"] for line in (run / "generations.jsonl").read_text().splitlines()]
     assert steps == [1, 1, 1, 2, 2, 2, 3, 3, 3]
     assert [r["step"] for r in read_metrics(run) if "val/reward/mean" in r] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_profile_steps_write_a_trace_with_the_phases_labelled(tmp_path, tiny_model):
+    manifest = write_run_manifest(tmp_path, tiny_model, trainer={"steps": 2, "profile_steps": [2]})
+    assert main(["run", str(manifest), "--run-dir", str(tmp_path / "run")]) == 0
+    traces = sorted((tmp_path / "run" / "profile").iterdir())
+    assert [t.name for t in traces] == ["step_000002.pt.trace.json"]
+    names = {event.get("name") for event in json.loads(traces[0].read_text())["traceEvents"]}
+    assert {"gen", "reward", "update_actor", "adv"} <= names
+
+
+def test_out_of_memory_names_the_phase_and_the_knob():
+    import torch
+
+    from rlcore.trainer.phases import OutOfMemory, Timer
+
+    timer = Timer()
+    with pytest.raises(OutOfMemory, match=r"out of GPU memory in the 'update_actor' phase .*micro_batch_tokens"):
+        with timer("step"), timer("update_actor"):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    with pytest.raises(OutOfMemory, match=r"'gen' phase .*max_batch_size \(hf\), gpu_memory_utilization"):
+        with timer.phase("gen"):
+            raise torch.OutOfMemoryError("CUDA out of memory")
+    assert "timing_s/update_actor" in timer.times  # timed even when it failed

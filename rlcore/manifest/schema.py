@@ -211,6 +211,11 @@ class TrainerTable(Table):
     eval_before_train: bool = True
     loggers: list[str] = Field(default_factory=lambda: ["console", "jsonl"])
     export_final: bool = Field(False, description="write the final model as a plain Hugging Face directory")
+    profile_steps: list[int] = Field(
+        default_factory=list,
+        description="trace these steps (1 = the first) with the torch profiler, phases labelled: "
+        "profile/step_N.pt.trace.json in the run directory, for Perfetto or TensorBoard",
+    )
     log_val_generations: int = Field(
         0, ge=0, le=1000,
         description="at each validation, log this many samples (prompt, response, score): to generations.jsonl "

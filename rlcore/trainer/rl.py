@@ -33,23 +33,11 @@ from rlcore.trainer.checkpoint import Checkpointer
 from rlcore.trainer.data_cursor import DataCursor
 from rlcore.trainer.distributed import Distributed, combine_metrics
 from rlcore.trainer.flops import mfu, peak_tflops
+from rlcore.trainer.phases import Timer, profiled
 from rlcore.trainer.rollout import Rollout
 from rlcore.trainer.scheduler import Background, BatchMaker, Colocated, Filling
 from rlcore.trainer.scoring import RoutedReward, Scorer
 from rlcore.trainer.stopping import Stopped, StopRequest
-
-
-class Timer:
-    def __init__(self) -> None:
-        self.times: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.times[f"timing_s/{name}"] = self.times.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -323,7 +311,8 @@ class RLTrainer:
         if self.step == 0 and t.eval_before_train and self.val_set is not None:
             self._log(self.evaluate(), self.step)
         while self.step < t.steps:
-            metrics = self.train_step()
+            with profiled(self.step + 1, t.profile_steps, self.run_dir):
+                metrics = self.train_step()
             self.step += 1
             self._log(metrics, self.step)
             signum = stop.agreed(self.dist)
@@ -386,6 +375,7 @@ class RLTrainer:
             self.scheduler.weights_changed(timer)
             self.cursor.load(scored.cursor)
         metrics.update(timer.times)
+        metrics.update(timer.memory)
         if "timing_s/wait_rollout" in metrics:
             metrics["async/trainer_wait_fraction"] = metrics["timing_s/wait_rollout"] / max(metrics["timing_s/step"], 1e-9)
         metrics.update(self._batch_metrics(batch, trajectories))

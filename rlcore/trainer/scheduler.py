@@ -19,7 +19,7 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from rlcore.interfaces import Prompt, SamplingParams, Trajectory
 from rlcore.trainer.data_cursor import DataCursor
@@ -68,8 +68,11 @@ class BatchMaker:
         self.scorer, self.tokenizer, self.inputs = scorer, tokenizer, inputs
         self.filling = filling or Filling()
 
-    def make(self, generate, step: int, cursor: DataCursor, version: int) -> tuple[ScoredBatch, float]:
-        """``(batch, seconds spent generating and scoring)``; ``cursor`` advances past every round's prompts."""
+    def make(self, generate, step: int, cursor: DataCursor, version: int,
+             phase: Callable[[str], Any] = lambda name: contextlib.nullcontext()) -> tuple[ScoredBatch, float]:
+        """``(batch, seconds spent generating and scoring)``; ``cursor`` advances past every round's
+        prompts. ``phase(name)`` wraps generation and scoring (the trainer's timer: labels, memory,
+        out-of-memory messages)."""
         f = self.filling
         rounds = f.max_rounds if f.dynamic_sampling else 1
         kept: list[tuple[Prompt, list[Trajectory], list[float]]] = []
@@ -85,11 +88,13 @@ class BatchMaker:
             else:  # another round of the same step: other samples
                 round_params = round_params.model_copy(update={"seed": (round_params.seed + 104_729 * round_) % (2**31)})
             started = time.perf_counter()
-            trajectories = generate(prompts, round_params)
+            with phase("gen"):
+                trajectories = generate(prompts, round_params)
             generated = time.perf_counter()
             for trajectory in trajectories:
                 trajectory.policy_version = version
-            scores, round_metrics = self.scorer.score(trajectories, self.tokenizer)
+            with phase("reward"):
+                scores, round_metrics = self.scorer.score(trajectories, self.tokenizer)
             reward_s += time.perf_counter() - generated
             gen_s += generated - started
             if f.overlong_buffer:
@@ -138,7 +143,7 @@ class Colocated:
 
     def next_batch(self, timer) -> ScoredBatch:
         """Generate with the current weights, then score."""
-        batch, _ = self.maker.make(self.rollout.generate, self.step, self.cursor, self.step)
+        batch, _ = self.maker.make(self.rollout.generate, self.step, self.cursor, self.step, phase=timer.phase)
         self.step += 1
         return batch
 
