@@ -135,12 +135,28 @@ def _driver_document(manifest) -> dict[str, Any]:
     if core.data.val:
         doc["data"]["val"] = core.data.val
     doc.setdefault("run", {})["output_dir"] = core.run.output_dir
+    if core.critic.path:
+        doc.setdefault("critic", {})["path"] = core.critic.path
     for role, chosen in manifest.selected.items():  # NAME:TARGET names, with the target made absolute
         table, _, field = role.partition(".")
         option = chosen.component.target_option
         written = doc.get(table, {}).get(field) if isinstance(doc.get(table), dict) else None
         if option and isinstance(written, str) and written.startswith(f"{chosen.component.name}:"):
             doc[table][field] = f"{chosen.component.name}:{getattr(chosen.options, option)}"
+        elif table == "tools" or field.startswith("routes."):
+            # Their validated options hold the paths made absolute (python: targets, classes, files).
+            options = chosen.options.model_dump(mode="json", exclude_none=True)
+            if table == "tools":
+                doc["tools"][field] = options
+            else:
+                name = chosen.component.name
+                target = getattr(chosen.options, option) if option else None
+                function = f"{name}:{target}" if target else name
+                doc["reward"]["routes"][field[len("routes."):]] = {**options, "function": function}
+                if option:
+                    doc["reward"]["routes"][field[len("routes."):]].pop(option, None)
+        elif table == "agent" and isinstance(getattr(chosen.options, "tool_config", None), str):
+            doc["agent"]["tool_config"] = chosen.options.tool_config
     doc["launcher"] = {"name": "local"}
     return doc
 
