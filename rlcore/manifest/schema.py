@@ -211,6 +211,11 @@ class TrainerTable(Table):
     eval_before_train: bool = True
     loggers: list[str] = Field(default_factory=lambda: ["console", "jsonl"])
     export_final: bool = Field(False, description="write the final model as a plain Hugging Face directory")
+    fsdp_offload: bool = Field(
+        False,
+        description="with several ranks, keep FSDP's parameter shards, gradients and optimizer state in CPU memory "
+        "(the optimizer steps on the CPU): larger models per GPU, slower steps",
+    )
     profile_steps: list[int] = Field(
         default_factory=list,
         description="trace these steps (1 = the first) with the torch profiler, phases labelled: "

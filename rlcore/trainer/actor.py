@@ -48,7 +48,8 @@ class Actor(precision.TrainedRole):
             logger.info("torch.compile: {} decoder layers and the log-prob head ([model] compile)", layers)
         self.policy = TokenLogprobs(self.module)
         if dist.enabled:
-            fsdp_wrap(self.policy, lambda model: self.dummy_forward(model), precision.fsdp_policy(prec))
+            fsdp_wrap(self.policy, lambda model: self.dummy_forward(model), precision.fsdp_policy(prec),
+                      offload=cfg.trainer.fsdp_offload)
         # What the optimizer steps: the float32 masters, or the module's own trainable parameters.
         self.params = self.masters.params if self.masters else [p for p in self.module.parameters() if p.requires_grad]
         t = cfg.trainer

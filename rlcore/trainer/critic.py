@@ -30,7 +30,8 @@ class Critic(precision.TrainedRole):
         if prec.mixed and not dist.enabled:
             self.masters = precision.MasterWeights(self.module, precision.torch_dtype(prec.compute))
         if dist.enabled:
-            fsdp_wrap(self.module, lambda model: self.dummy_forward(), precision.fsdp_policy(prec))
+            fsdp_wrap(self.module, lambda model: self.dummy_forward(), precision.fsdp_policy(prec),
+                      offload=cfg.trainer.fsdp_offload)
         if model_cfg.gradient_checkpointing:
             self.module.gradient_checkpointing_enable()
         self.params = self.masters.params if self.masters else [p for p in self.module.parameters() if p.requires_grad]

@@ -106,20 +106,24 @@ def combine_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def fsdp_wrap(model: torch.nn.Module, init_forward, mp_policy=None) -> torch.nn.Module:
+def fsdp_wrap(model: torch.nn.Module, init_forward, mp_policy=None, offload: bool = False) -> torch.nn.Module:
     """Shard ``model`` with FSDP2 (each decoder layer, then the root) and initialise it.
 
     ``mp_policy`` (a ``MixedPrecisionPolicy``) keeps the shards in their stored dtype and gathers
-    them in the compute dtype for the passes (and for a colocated engine's generation).
+    them in the compute dtype for the passes (and for a colocated engine's generation). ``offload``
+    keeps the shards, gradients and optimizer state in (pinned) CPU memory: each layer is copied to
+    the device for its passes, and the optimizer steps on the CPU.
 
     FSDP initialises lazily on the root's first forward, so ``init_forward(model)`` runs one (a
     generation calling inner modules first would otherwise make a layer its own root). A root
     stays unsharded after a forward without backward, with plain tensors in place of its sharded
     parameters; resharding here leaves ``model.parameters()`` the sharded ones an optimizer needs.
     """
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
 
     kwargs = {"mp_policy": mp_policy} if mp_policy is not None else {}
+    if offload:  # shards, their gradients and the optimizer's state live in CPU memory; the step runs there
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     layers = _decoder_layers(model)
     for layer in layers:
         fully_shard(layer, **kwargs)

@@ -77,6 +77,11 @@ class RLTrainer:
                 f"data.prompts_per_step = {cfg.data.prompts_per_step} must be divisible by the number of ranks "
                 f"({self.dist.world}) times algorithm.mini_batches ({cfg.algorithm.mini_batches})"
             )
+        if cfg.trainer.fsdp_offload and not self.dist.enabled:
+            raise UsageError(
+                f"{self.manifest.path}: [trainer] fsdp_offload offloads FSDP's shards, and this run has one rank, which "
+                "trains without FSDP; start several ranks (torchrun, or the ray or slurm launcher) or remove it"
+            )
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         if cfg.run.deterministic:
