@@ -42,6 +42,7 @@ FIRST_PARTY: dict[tuple[str, str], str] = {
     ("tool", "function"): "rlcore-agent",
     ("launcher", "slurm"): "rlcore-launcher-slurm",
     ("launcher", "ray"): "rlcore-launcher-ray",
+    ("launcher", "skypilot"): "rlcore-launcher-skypilot",
 }
 
 

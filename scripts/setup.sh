@@ -41,7 +41,7 @@ else
   "${pip[@]}" "torch==2.13.0"
 fi
 plugins=(plugins/rollout_hf plugins/algo_grpo plugins/algo_ppo plugins/reward_rule plugins/agent plugins/launcher_slurm)
-for optional in plugins/launcher_ray plugins/rollout_vllm plugins/rollout_sglang; do
+for optional in plugins/launcher_ray plugins/launcher_skypilot plugins/rollout_vllm plugins/rollout_sglang; do
   [ -f "$optional/pyproject.toml" ] && plugins+=("$optional")
 done
 editable=(-e ".[train]")
