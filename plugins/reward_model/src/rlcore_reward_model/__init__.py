@@ -1,0 +1,1 @@
+"""Model-based rewards for rlcore: ``reward_model`` (a sequence classifier) and ``judge`` (an LLM endpoint)."""
