@@ -223,3 +223,12 @@ def test_an_abandoned_batch_stops_at_its_next_forward_pass(tiny_rm, items):
         reward.score_batch(items)
     sleeper.join(5)
     assert len(calls) == 1 and not sleeper.is_alive()
+
+
+def test_garbage_responses_get_finite_scores(tiny_rm, items):
+    from rlcore.testing.rewards import GARBAGE_RESPONSES
+
+    batch = [RewardInput(prompt=items[0].prompt, response=r) for r in GARBAGE_RESPONSES]
+    results = rm(tiny_rm, max_length=256, batch_size=8).score_batch(batch)
+    assert len(results) == len(batch) and all(math.isfinite(r.score) for r in results)
+    assert sum(r.metrics["rm_truncated"] for r in results) >= 3  # the 5000-character ones
