@@ -78,11 +78,25 @@ class DataTable(Table):
     val_max_prompts: int | None = Field(None, ge=1, description="evaluate on at most this many validation prompts")
     shuffle: bool = True
     prompt_key: str = "prompt"
+    source_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description='draw each step\'s prompts from the data sources of data.train in these proportions '
+        '({"openai/gsm8k" = 3, "lighteval/MATH" = 1}; every source needs one, 0 leaves it out); default: '
+        "as they come in the shuffled data",
+    )
     chat_template_kwargs: dict[str, str | int | float | bool] = Field(
         default_factory=dict,
         description="keyword arguments for the tokenizer's chat template when prompts are rendered (e.g. "
         "enable_thinking = false for Qwen3)",
     )
+
+    @model_validator(mode="after")
+    def _weights(self) -> "DataTable":
+        if any(w < 0 for w in self.source_weights.values()):
+            raise ValueError("source_weights must not be negative")
+        if self.source_weights and not any(w > 0 for w in self.source_weights.values()):
+            raise ValueError("source_weights: at least one source needs a weight above 0")
+        return self
 
 
 class RolloutTable(Table):

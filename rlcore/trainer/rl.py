@@ -30,7 +30,7 @@ from rlcore.trainer.actor import Actor
 from rlcore.trainer.batch import RolloutBatch, build_batch
 from rlcore.trainer.batching import Batching
 from rlcore.trainer.checkpoint import Checkpointer
-from rlcore.trainer.data_cursor import DataCursor
+from rlcore.trainer.data_cursor import DataCursor, MixedCursor, shares
 from rlcore.trainer.distributed import Distributed, combine_metrics
 from rlcore.trainer.flops import mfu, peak_tflops
 from rlcore.trainer.phases import Timer, profiled
@@ -204,7 +204,7 @@ class RLTrainer:
         )
         return Background(*common, max_staleness=staleness)
 
-    def _step_inputs(self, step: int, cursor: DataCursor) -> tuple[list[Prompt], SamplingParams]:
+    def _step_inputs(self, step: int, cursor: DataCursor | MixedCursor) -> tuple[list[Prompt], SamplingParams]:
         """Step ``step``'s prompts (this rank's share; ``cursor`` advances past them) and sampling."""
         indices = cursor.take(self.cfg.data.prompts_per_step)
         local = self.dist.shard(list(range(len(indices))))
@@ -266,12 +266,34 @@ class RLTrainer:
                 "data.train has {} usable prompts, fewer than data.prompts_per_step = {}: prompts repeat within a step",
                 len(self.train_set.prompts), d.prompts_per_step,
             )
-        self.cursor = DataCursor(len(self.train_set.prompts), seed=self.cfg.run.seed, shuffle=d.shuffle)
+        self.cursor = self._cursor()
         t = self.cfg.trainer
         if t.steps is None:  # total_epochs: as many steps as that many passes over the usable prompts take
             t.steps = max(1, math.ceil(t.total_epochs * len(self.train_set.prompts) / d.prompts_per_step))
             logger.info("total_epochs = {:g}: {} steps of {} prompts over {} usable prompts", t.total_epochs, t.steps,
                         d.prompts_per_step, len(self.train_set.prompts))
+
+    def _cursor(self) -> DataCursor | MixedCursor:
+        """Where the training prompts come from: one shuffled order, or per-source orders mixed in
+        the proportions of ``[data] source_weights``."""
+        d = self.cfg.data
+        if not d.source_weights:
+            return DataCursor(len(self.train_set.prompts), seed=self.cfg.run.seed, shuffle=d.shuffle)
+        members: dict[str, list[int]] = defaultdict(list)
+        for i, prompt in enumerate(self.train_set.prompts):
+            members[prompt.data_source].append(i)
+        unweighted = sorted(set(members) - set(d.source_weights))
+        missing = sorted(set(d.source_weights) - set(members))
+        if unweighted or missing:
+            problems = ([f"the sources {unweighted} of data.train have no weight (0 leaves one out)"] if unweighted else [])
+            problems += ([f"{missing} are not data sources of data.train"] if missing else [])
+            raise UsageError(
+                f"{self.manifest.path}: [data] source_weights: " + "; ".join(problems)
+                + f"; the sources of {self.train_set.source}: {sorted(members)}"
+            )
+        counts = shares(d.prompts_per_step, {k: v for k, v in d.source_weights.items() if v > 0})
+        logger.info("prompts a step by data source: {}", ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        return MixedCursor(dict(members), dict(d.source_weights), seed=self.cfg.run.seed, shuffle=d.shuffle)
 
     def _rank(self) -> int:
         return self.dist.rank if hasattr(self, "dist") else 0

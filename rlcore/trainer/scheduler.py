@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 from rlcore.interfaces import Prompt, SamplingParams, Trajectory
@@ -139,7 +139,7 @@ class BatchMaker:
 class Colocated:
     def __init__(self, rollout: Rollout, maker: BatchMaker, weights: Callable, step: int, cursor: DataCursor):
         self.rollout, self.maker, self.weights = rollout, maker, weights
-        self.step, self.cursor = step, replace(cursor)
+        self.step, self.cursor = step, cursor.copy()
 
     def next_batch(self, timer) -> ScoredBatch:
         """Generate with the current weights, then score."""
@@ -176,7 +176,7 @@ class Background:
                  max_staleness: int):
         self.rollout, self.maker, self.weights = rollout, maker, weights
         self.max_staleness = max_staleness
-        self.cursor = replace(cursor)
+        self.cursor = cursor.copy()
         self.first = step  # the run's (or the resumed run's) first version
         self.version = step  # optimizer steps the trainer has taken
         self.trained = step  # the next batch the trainer asks for
