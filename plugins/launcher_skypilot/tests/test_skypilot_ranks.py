@@ -104,3 +104,30 @@ def test_a_failing_rank_is_named_and_ends_the_others(sky_launcher, launch_reques
     assert "exited with status 7" in proc.stderr
     assert "[rlcore] a rank failed: stopping the other ranks of node 1" in proc.stderr
     assert "[rlcore] node 1: ranks exited with status 7" in proc.stdout
+
+
+def test_a_recovered_managed_task_resumes_and_a_new_one_does_not(sky_launcher, launch_request, capsys, tmp_path):
+    """SkyPilot reruns a recovered managed job's run script with the same SKYPILOT_TASK_ID: with
+    the checkpoints of its first start there, the driver gets --resume; a new task does not."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/bash\necho "rank $RANK: $*"\n')
+    fake.chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    run_dir = tmp_path / "run"
+    config = render(sky_launcher, launch_request(dry_run=True), capsys, python=str(fake), managed=True,
+                    remote_run_dir=str(run_dir))
+
+    def start(task_id: str) -> str:
+        proc = node(home, None, config["run"], timeout=30, SKYPILOT_TASK_ID=task_id)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return next(line for line in proc.stdout.splitlines() if line.startswith("rank 0: "))
+
+    first = start("sky-managed-7")
+    assert first.endswith(f"--run-dir {run_dir}")
+    assert (run_dir / "launch" / "skypilot-task-id").read_text() == "sky-managed-7\n"
+    assert start("sky-managed-7").endswith(f"--run-dir {run_dir}")  # no checkpoint yet: a fresh start again
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "latest").write_text("step_000002\n")
+    assert start("sky-managed-7").endswith(f"--run-dir {run_dir} --resume")  # recovered
+    assert start("sky-managed-8").endswith(f"--run-dir {run_dir}")  # another job: the trainer refuses it
