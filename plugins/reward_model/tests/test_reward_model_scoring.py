@@ -182,18 +182,22 @@ def test_sleep_frees_the_gpu_and_wake_up_brings_the_model_back(tiny_rm, items, o
         pytest.skip("needs a CUDA GPU")
     expected = [r.score for r in rm(tiny_rm).score_batch(items)]
     reward = build(RewardModelOptions(path=str(tiny_rm), offload=offload), BuildContext(device="cuda:0", dtype="float32"))
-    assert next(reward.model.parameters()).device.type == "cuda"
+
+    def where():
+        return None if reward.model is None else next(reward.model.parameters()).device.type
+
+    asleep = {"cpu": "cpu", "free": None, "none": "cuda"}[offload]
+    assert where() == asleep  # built asleep: off the GPU while the engine and the actor load
     reward.wake_up()
+    assert where() == "cuda"
     assert [r.score for r in reward.score_batch(items)] == pytest.approx(expected, abs=1e-3)
     reward.sleep()
-    where = {"cpu": "cpu", "none": "cuda"}
-    if offload == "free":
-        assert reward.model is None
-    else:
-        assert next(reward.model.parameters()).device.type == where[offload]
+    assert where() == asleep
     reward.wake_up()
-    assert next(reward.model.parameters()).device.type == "cuda"
+    assert where() == "cuda"
     assert [r.score for r in reward.score_batch(items)] == pytest.approx(expected, abs=1e-3)
+    reward.sleep()
+    assert [r.score for r in reward.score_batch(items)] == pytest.approx(expected, abs=1e-3)  # a call without wake_up
     # bfloat16 on the GPU when the run computes in it
     half = build(RewardModelOptions(path=str(tiny_rm)), BuildContext(device="cuda:0", dtype="bfloat16"))
     assert next(half.model.parameters()).dtype == torch.bfloat16

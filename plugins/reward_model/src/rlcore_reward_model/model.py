@@ -63,11 +63,17 @@ class RewardModel:
                 f"[reward] input = \"chat\", but the tokenizer of the reward model {path} has no chat template; "
                 'use input = "text" (the decoded prompt followed by the response) or "auto"'
             )
-        self.model = self._load()
+        self.model = self._load()  # on the CPU: loading checks the head now, not at the first batch
         self._lock = threading.Lock()  # one batch at a time; sleep() waits for the forward pass in flight
         self._generation = 0  # bumped by sleep(): an abandoned (timed-out) batch stops at its next forward pass
-        self._asleep = False
         self._warned: set[str] = set()
+        # On a GPU the model starts asleep (the engine and the actor load and generate without it) unless
+        # offload = "none"; the trainer wakes it up before each batch.
+        self._asleep = self.device.type != "cpu" and options.offload != "none"
+        if not self._asleep:
+            self.model.to(self.device)
+        elif options.offload == "free":
+            self.model = None
         logger.info(
             "reward model {}: {} ({} outputs, label {}), {} on {}, input {}",
             path, type(self.model).__name__, self.config.num_labels, self.label_index, dtype, self.device,
@@ -96,24 +102,28 @@ class RewardModel:
         if model.config.pad_token_id is None:
             model.config.pad_token_id = self.tokenizer.pad_token_id
         model.eval().requires_grad_(False)
-        return model.to(self.device) if self.device.type != "cpu" else model
+        return model
 
     # ------------------------------------------------------------------ the batch protocol
 
     def wake_up(self) -> None:
         with self._lock:
+            self._wake()
+
+    def _wake(self) -> None:
+        """Put the model on its device (loading it again if sleep() freed it); the lock is held."""
+        if self.model is None:
+            self.model = self._load()
+        if self._asleep:
+            self.model.to(self.device)
             self._asleep = False
-            if self.model is None:
-                self.model = self._load()
-            elif self.device.type != "cpu":
-                self.model.to(self.device)
 
     def sleep(self) -> None:
         self._generation += 1
         with self._lock:
-            self._asleep = True
             if self.device.type == "cpu" or self.options.offload == "none":
                 return
+            self._asleep = True
             import torch
 
             if self.options.offload == "free":
@@ -130,10 +140,7 @@ class RewardModel:
         encoded = [self._encode(text) for text in texts]
         logits: list[float] = []
         with self._lock:
-            if self.model is None:  # freed by sleep(), and called without wake_up() (a direct call)
-                self.model = self._load()
-            if self._asleep and self.device.type != "cpu":
-                self.model.to(self.device)
+            self._wake()  # a no-op after the trainer's wake_up(); a direct call may come without it
             with torch.inference_mode():
                 # Longest first: a batch holds sequences of similar length, and memory runs out early if at all.
                 order = sorted(range(len(items)), key=lambda i: -len(encoded[i][0]))
