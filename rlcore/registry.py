@@ -41,6 +41,7 @@ FIRST_PARTY: dict[tuple[str, str], str] = {
     ("agent_loop", "tool"): "rlcore-agent",
     ("tool", "python"): "rlcore-agent",
     ("tool", "function"): "rlcore-agent",
+    ("tool", "class"): "rlcore-agent",
     ("launcher", "slurm"): "rlcore-launcher-slurm",
     ("launcher", "ray"): "rlcore-launcher-ray",
     ("launcher", "skypilot"): "rlcore-launcher-skypilot",

@@ -11,7 +11,7 @@ import pytest
 from rlcore.algorithms.shaping import informative_groups, overlong_penalty
 from rlcore.interfaces import Prompt, SamplingParams, Trajectory
 from rlcore.trainer.data_cursor import DataCursor
-from rlcore.trainer.scheduler import BatchMaker, Filling
+from rlcore.trainer.filling import BatchMaker, Filling
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -35,7 +35,8 @@ from rlcore.trainer.distributed import Distributed, combine_metrics
 from rlcore.trainer.flops import mfu, peak_tflops
 from rlcore.trainer.phases import Timer, profiled
 from rlcore.trainer.rollout import Rollout
-from rlcore.trainer.scheduler import Background, BatchMaker, Colocated, Filling
+from rlcore.trainer.filling import BatchMaker, Filling
+from rlcore.trainer.scheduler import Background, Colocated
 from rlcore.trainer.scoring import RoutedReward, Scorer
 from rlcore.trainer.stopping import Stopped, StopRequest
 
