@@ -85,6 +85,7 @@ class RewardInput:
     data_source: str = ""
     extra_info: dict[str, Any] = field(default_factory=dict)
     group: int = 0  # the prompt's position in the batch: a prompt's samples share it (batched rewards)
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the prompt's chat messages, before the template
 
 
 @dataclass
@@ -103,8 +104,9 @@ class BatchRewardFunction(Protocol):
     endpoint with its own concurrency, or a ranking of each prompt's samples (``item.group``).
 
     Declared by ``batched = True``. It runs in the trainer's process (not in worker processes),
-    ``[reward] timeout_s`` bounds the whole batch, and ``sleep()`` / ``wake_up()``, when defined,
-    are called after and before each batch (a reward model frees the GPU while the actor trains).
+    ``[reward] batch_timeout_s`` bounds the whole batch, ``sleep()`` / ``wake_up()``, when
+    defined, are called after and before each batch (a reward model frees the GPU while the actor
+    trains), and ``close()`` at the end of the run.
     """
 
     batched: bool

@@ -136,6 +136,9 @@ class RewardTable(Table):
     )
     timeout_s: float = Field(10.0, gt=0, description="a call running longer scores 0 and is counted")
     workers: int = Field(8, ge=1)
+    batch_timeout_s: float = Field(
+        600.0, gt=0, description="batched rewards (a reward model, a judge): the time limit of a whole batch"
+    )
 
 
 class AlgorithmTable(Table):

@@ -97,7 +97,7 @@ class RLTrainer:
         context = BuildContext.from_manifest(self.manifest, run_dir=str(self.run_dir), device=self.device,
                                              dtype=self.precision.compute)
         # The reward role first: its worker processes fork while this process is still small.
-        self.scorer = Scorer(self._reward(context), cfg.reward.timeout_s, cfg.reward.workers)
+        self.scorer = Scorer(self._reward(context), cfg.reward.timeout_s, cfg.reward.workers, cfg.reward.batch_timeout_s)
 
         logger.info("loading tokenizer and model from {}", cfg.model.path)
         logger.info("precision: {}", self.precision.describe())

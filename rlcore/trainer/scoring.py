@@ -49,8 +49,8 @@ class RoutedReward:
 
 
 class Scorer:
-    def __init__(self, reward_fn, timeout_s: float, workers: int):
-        self.reward_fn, self.timeout_s = reward_fn, timeout_s
+    def __init__(self, reward_fn, timeout_s: float, workers: int, batch_timeout_s: float = 600.0):
+        self.reward_fn, self.timeout_s, self.batch_timeout_s = reward_fn, timeout_s, batch_timeout_s
         self.batched = bool(getattr(reward_fn, "batched", False))
         # Per-item rewards run in worker processes, forked while the trainer's process is still
         # small; a batched one runs here (see BatchRewardFunction).
@@ -73,13 +73,14 @@ class Scorer:
                 data_source=t.prompt.data_source,
                 extra_info=t.prompt.extra_info,
                 group=groups.setdefault(id(t.prompt), len(groups)),
+                messages=list(t.prompt.messages or []),
             )
             for t in trajectories
         ]
         if self.batched:
             _call(self.reward_fn, "wake_up")
             try:
-                result = score_batched(self.reward_fn, items, self.timeout_s)
+                result = score_batched(self.reward_fn, items, self.batch_timeout_s)
             finally:
                 _call(self.reward_fn, "sleep")
         else:
@@ -90,6 +91,8 @@ class Scorer:
     def close(self) -> None:
         if self.runner is not None:
             self.runner.close()
+        else:
+            _call(self.reward_fn, "close")  # a batched reward's clients, threads, models
 
 
 def _call(obj: Any, method: str) -> None:

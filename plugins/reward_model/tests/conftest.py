@@ -76,21 +76,23 @@ class JudgeServer:
                     else:
                         status, text, delay = server.script(body, n)
                     time.sleep(delay)
-                    if status == 200:
-                        payload = json.dumps({"id": f"c{n}", "object": "chat.completion", "model": body["model"],
-                                              "choices": [{"index": 0, "finish_reason": "stop",
-                                                           "message": {"role": "assistant", "content": text}}]})
-                    else:
-                        payload = json.dumps({"error": {"message": text}})
-                    data = payload.encode()
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
                 finally:
+                    # Done before the answer goes out: a client that got it may send its next
+                    # request before this thread would reach the end of the handler.
                     with server.lock:
                         server.active -= 1
+                if status == 200:
+                    payload = json.dumps({"id": f"c{n}", "object": "chat.completion", "model": body["model"],
+                                          "choices": [{"index": 0, "finish_reason": "stop",
+                                                       "message": {"role": "assistant", "content": text}}]})
+                else:
+                    payload = json.dumps({"error": {"message": text}})
+                data = payload.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True

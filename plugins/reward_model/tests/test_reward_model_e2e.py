@@ -33,7 +33,7 @@ def test_a_run_scored_by_a_reward_model_plus_a_rule(tmp_path, tiny_model, tiny_r
     (tmp_path / "rules.py").write_text("def short(item):\n    return 1.0 if len(item.response) < 10 else 0.0\n")
     rows, _ = run_two_steps(tmp_path, tiny_model, {
         "function": "reward_model", "path": "rm", "batch_size": 3, "rule": "rules.py:short",
-        "rule_weight": 0.5, "model_weight": 2.0, "timeout_s": 60,
+        "rule_weight": 0.5, "model_weight": 2.0, "batch_timeout_s": 60,
     })
     for r in rows:
         assert math.isfinite(r["reward/rm_score"]) and r["reward/rm_truncated"] == 0
@@ -45,11 +45,11 @@ def test_a_run_scored_by_a_judge(tmp_path, tiny_model, judge_server):
     rows, log = run_two_steps(tmp_path, tiny_model, {
         "function": "judge", "base_url": server.url, "model": "grader", "max_score": 10,
         "prompt_template": "Question: {prompt}\nAnswer: {response}\nScore 0-10:", "backoff_s": 0.01,
-        "concurrency": 4, "request_timeout_s": 20, "timeout_s": 60,
+        "concurrency": 4, "request_timeout_s": 20, "batch_timeout_s": 60,
     })
     for r in rows:
         assert r["critic/score/mean"] == pytest.approx(0.7) and r["reward/judge_failed"] == 0
     assert sum(r["reward/judge_retries"] for r in rows) > 0  # every fourth request met a 500 and was retried
-    assert "batch time limit 60 s" in log  # it stops short of [reward] timeout_s
+    assert "batch time limit 60 s" in log  # it stops short of [reward] batch_timeout_s
     first = server.bodies[0]["messages"][0]["content"]
     assert first.startswith("Question: ") and "<|im_start|>" not in first  # the question without the template

@@ -103,9 +103,9 @@ def test_no_more_than_concurrency_requests_at_once(judge_server):
 
 
 def test_the_batch_ends_before_the_rewards_time_limit(judge_server):
-    """A slow judge costs its unfinished items (counted), not the batch: [reward] timeout_s = 2."""
+    """A slow judge costs its unfinished items (counted), not the batch: [reward] batch_timeout_s = 2."""
     server = judge_server(lambda body, n: (200, "9", 0.1 if n <= 2 else 10.0))
-    context = BuildContext(manifest={"reward": {"function": "judge", "timeout_s": 2.0}})
+    context = BuildContext(manifest={"reward": {"function": "judge", "batch_timeout_s": 2.0}})
     started = time.monotonic()
     results = judge(server.url, context, concurrency=2).score_batch([item(group=g) for g in range(4)])
     assert time.monotonic() - started < 2.0  # it stops at 90% of the limit

@@ -205,7 +205,7 @@ def test_sleep_frees_the_gpu_and_wake_up_brings_the_model_back(tiny_rm, items, o
 
 
 def test_an_abandoned_batch_stops_at_its_next_forward_pass(tiny_rm, items):
-    """The trainer calls sleep() after a batch ran past [reward] timeout_s; the late batch must not go on,
+    """The trainer calls sleep() after a batch ran past [reward] batch_timeout_s; the late batch must not go on,
     and sleep() waits for the forward pass in flight only."""
     import threading
     import time

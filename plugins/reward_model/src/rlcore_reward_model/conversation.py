@@ -34,7 +34,7 @@ def prompt_messages(item: Any) -> tuple[list[dict[str, str]], str]:
     """The prompt's messages and how they were found: "given", "chatml", "llama3", "gemma" or
     "text" (the whole prompt as one user message)."""
     given = getattr(item, "messages", None)
-    if given is None and isinstance(getattr(item, "extra_info", None), dict):
+    if not given and isinstance(getattr(item, "extra_info", None), dict):
         given = item.extra_info.get("messages")
     if _is_messages(given):
         return [{"role": str(m["role"]), "content": str(m.get("content") or "")} for m in given], "given"

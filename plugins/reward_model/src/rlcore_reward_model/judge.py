@@ -8,7 +8,7 @@ score is the last match of ``score_pattern`` in the reply divided by ``max_score
 An item whose request fails for good, whose reply holds no number, or whose number lies outside
 [0, max_score] scores 0, and its metric ``judge_failed`` is 1: rlcore averages it per step as
 ``reward/judge_failed``, the share of the batch the judge could not grade. ``score_batch`` never
-raises for one item. The batch as a whole stops short of ``[reward] timeout_s``: what is not
+raises for one item. The batch as a whole stops short of ``[reward] batch_timeout_s``: what is not
 graded by then counts as failed, so a slow judge costs its unfinished items, not the batch.
 """
 
@@ -33,7 +33,7 @@ from rlcore_reward_model.rule import combine, load_rule
 
 _RETRY_STATUS = frozenset({408, 409, 425, 429}) | frozenset(range(500, 600))
 _THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.S)
-# Room left before [reward] timeout_s for the trainer to collect the batch.
+# Room left before [reward] batch_timeout_s for the trainer to collect the batch.
 _DEADLINE_MARGIN = 0.9
 
 
@@ -47,7 +47,7 @@ def build(options: JudgeOptions, context: BuildContext | None = None) -> "Judge"
                              "(or empty); export the judge's API key in it")
     rule = load_rule(options.rule, options.rule_weight, context.manifest_dir, "judge")
     reward = (context.manifest or {}).get("reward") or {}
-    batch_limit = reward.get("timeout_s") if isinstance(reward, dict) else None
+    batch_limit = reward.get("batch_timeout_s") if isinstance(reward, dict) else None
     return Judge(options, api_key=api_key, rule=rule, batch_timeout_s=batch_limit)
 
 
@@ -76,9 +76,9 @@ class Judge:
         self._generation = 0  # bumped by sleep(): requests of an abandoned batch stop retrying
         if self.batch_timeout_s is not None and options.request_timeout_s > self.batch_timeout_s:
             logger.warning(
-                "judge: [reward] timeout_s = {:g} s bounds all of a step's judge requests together, less than one "
-                "request may take (request_timeout_s = {:g} s); items not graded in time score 0, counted in "
-                "reward/judge_failed: raise [reward] timeout_s for a slow judge",
+                "judge: [reward] batch_timeout_s = {:g} s bounds all of a step's judge requests together, less than "
+                "one request may take (request_timeout_s = {:g} s); items not graded in time score 0, counted in "
+                "reward/judge_failed: raise [reward] batch_timeout_s for a slow judge",
                 self.batch_timeout_s, options.request_timeout_s,
             )
         logger.info("judge: {} at {}, {} requests at once, batch time limit {}", options.model, self.url,
