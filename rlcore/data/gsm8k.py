@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rlcore.data.io import EXTENSIONS, read_rows, write_parquet
+from rlcore.data.io import EXTENSIONS, rows_by_split, write_parquet
 from rlcore.errors import RlcoreError
 
 DATA_SOURCE = "openai/gsm8k"
@@ -66,14 +66,6 @@ def to_rows(records: list[dict[str, Any]], split: str, source: str, style: str =
     return rows
 
 
-def _split_name(path: Path) -> str:
-    stem = path.stem.lower()
-    for split in ("train", "test", "validation", "val"):
-        if split in stem:
-            return split
-    return path.stem
-
-
 def _local_splits(source: Path) -> dict[str, list[dict[str, Any]]]:
     if source.is_dir():
         files = sorted(p for p in source.iterdir() if p.suffix.lower() in EXTENSIONS)
@@ -85,13 +77,7 @@ def _local_splits(source: Path) -> dict[str, list[dict[str, Any]]]:
         files = [source]
     else:
         raise RlcoreError(f"GSM8K input {str(source)!r} does not exist (give a file, a directory, or 'hub')")
-    splits: dict[str, list[dict[str, Any]]] = {}
-    for path in files:
-        name = _split_name(path)
-        if name in splits:
-            raise RlcoreError(f"two input files map to the split {name!r}; rename one (its name picks the split)")
-        splits[name] = read_rows(path)
-    return splits
+    return rows_by_split(files)
 
 
 def _hub_splits() -> dict[str, list[dict[str, Any]]]:

@@ -97,3 +97,16 @@ def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> Path:
     pq.write_table(pa.Table.from_pylist(rows), tmp)
     tmp.replace(path)
     return path
+
+
+def rows_by_split(files: list[Path], splits: tuple[str, ...] = ("train", "test", "validation", "val")) -> dict[str, list[dict[str, Any]]]:
+    """The rows of each file under its split: the first of ``splits`` its name contains, else its
+    stem. Two files of one split are refused (the file name is what picks the split)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for path in files:
+        stem = path.stem.lower()
+        name = next((split for split in splits if split in stem), path.stem)
+        if name in out:
+            raise RlcoreError(f"two input files map to the split {name!r}; rename one (its name picks the split)")
+        out[name] = read_rows(path)
+    return out

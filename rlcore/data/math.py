@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlcore.data.io import EXTENSIONS, read_rows, write_parquet
+from rlcore.data.io import EXTENSIONS, rows_by_split, write_parquet
 from rlcore.errors import RlcoreError
 
 DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"  # verl's name for it (its default scorer routes it to math)
@@ -69,14 +69,6 @@ def to_rows(records: list[dict[str, Any]], split: str, source: str) -> list[dict
     return rows
 
 
-def _split_name(path: Path) -> str:
-    stem = path.stem.lower()
-    for split in ("train", "test"):
-        if split in stem:
-            return split
-    return path.stem
-
-
 def _published_layout(root: Path) -> dict[str, list[dict[str, Any]]]:
     """``root/<split>/<subject>/<n>.json``, read in a stable order (subject, then problem number)."""
     splits: dict[str, list[dict[str, Any]]] = {}
@@ -109,13 +101,7 @@ def _splits(source: Path) -> dict[str, list[dict[str, Any]]]:
         files = [source]
     else:
         raise RlcoreError(f"MATH input {str(source)!r} does not exist (give a directory or a file)")
-    splits: dict[str, list[dict[str, Any]]] = {}
-    for path in files:
-        name = _split_name(path)
-        if name in splits:
-            raise RlcoreError(f"two input files map to the split {name!r}; rename one (its name picks the split)")
-        splits[name] = read_rows(path)
-    return splits
+    return rows_by_split(files, ("train", "test"))
 
 
 def convert(source: str | Path, output_dir: str | Path) -> dict[str, Path]:
