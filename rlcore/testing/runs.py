@@ -106,3 +106,14 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def process_gone(pid: int) -> bool:
+    """The process ``pid`` no longer exists (reaped); for :func:`wait_for`."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # it exists, owned by someone else
+        return False
+    return False

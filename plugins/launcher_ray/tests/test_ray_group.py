@@ -19,6 +19,7 @@ ray = pytest.importorskip("ray")
 from ray import cloudpickle  # noqa: E402
 
 from rlcore.errors import RlcoreError  # noqa: E402
+from rlcore.testing.runs import process_gone, wait_for  # noqa: E402
 
 from rlcore_launcher_ray.group import (  # noqa: E402
     Dispatch,
@@ -234,7 +235,7 @@ def test_group_dead_worker_fails_the_call_naming_it_and_shuts_the_group_down(con
     assert f"Counter.sleep: worker 1 (pid {victim.pid} on {victim.hostname} ({victim.node_ip}, node {victim.node_id[:8]})) died: " in message
     assert message.endswith("The group was shut down."), message
     assert caught.value.stopped == [0]
-    assert _gone(other.pid), "worker 0 was not stopped"
+    wait_for(lambda: process_gone(other.pid), 15, "worker 0 to be stopped")
     assert pool.placement_group is None  # released at once
     assert ray.util.placement_group_table(pg)["state"] == "REMOVED"
     with pytest.raises(RlcoreError, match=r"Counter.whoami: group 'worker' was shut down \(workers \[1\] died\)"):
@@ -242,15 +243,6 @@ def test_group_dead_worker_fails_the_call_naming_it_and_shuts_the_group_down(con
     group.shutdown()  # again: nothing to do
 
 
-def _gone(pid: int, wait: float = 15.0) -> bool:
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.2)
-    return False
 
 
 class Policy(Worker):

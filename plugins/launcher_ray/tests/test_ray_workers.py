@@ -17,6 +17,7 @@ ray = pytest.importorskip("ray")
 from ray import cloudpickle  # noqa: E402
 
 from rlcore.errors import RlcoreError  # noqa: E402
+from rlcore.testing.runs import process_gone, wait_for  # noqa: E402
 
 from rlcore_launcher_ray.launcher import WORKERS_FILE, RayLauncher  # noqa: E402
 from rlcore_launcher_ray.options import RayOptions  # noqa: E402
@@ -74,16 +75,6 @@ def sleep_long() -> int:
     return 0
 
 
-def gone(pid: int, wait: float = 15.0) -> bool:
-    """The process ended (Ray reaps killed actors' processes)."""
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def launcher(cluster, **options) -> RayLauncher:
@@ -222,7 +213,7 @@ def test_ray_killed_rank_fails_the_run_and_names_it(ray_cluster, launch_request,
     assert f"No checkpoint was written in {run_dir} yet" in message
     assert time.monotonic() - started < 90
     rank0 = json.loads((run_dir / "launch" / WORKERS_FILE).read_text())[0]["pid"]
-    assert gone(rank0), "rank 0 was not stopped"
+    wait_for(lambda: process_gone(rank0), 15, "rank 0 to be stopped")
 
 
 def test_ray_ctrl_c_stops_the_ranks(ray_cluster, launch_request, tmp_path, capsys):
@@ -242,7 +233,7 @@ def test_ray_ctrl_c_stops_the_ranks(ray_cluster, launch_request, tmp_path, capsy
     assert time.monotonic() - started < 60
     assert "interrupted: the ranks were stopped. No checkpoint was written" in capsys.readouterr().out
     for worker in json.loads((run_dir / "launch" / WORKERS_FILE).read_text()):
-        assert gone(worker["pid"]), f"rank {worker['rank']} (pid {worker['pid']}) still runs"
+        wait_for(lambda: process_gone(worker["pid"]), 15, f"rank {worker['rank']} (pid {worker['pid']}) to end")
 
 
 @pytest.mark.slow
