@@ -191,13 +191,13 @@ class RLTrainer:
         name = self.manifest.component("rollout.engine").component.name
         if engine.shares_actor:
             raise UsageError(
-                f"[rollout] max_staleness: the {name!r} engine shares the actor's module, so it cannot generate while "
-                "the trainer trains; use an engine that holds its own weights"
+                f"{self.manifest.path}: [rollout] max_staleness: the {name!r} engine shares the actor's module, so it "
+                "cannot generate while the trainer trains; use an engine that holds its own weights"
             )
         if self.dist.enabled:
             raise UsageError(
-                "[rollout] max_staleness: background rollouts run with one training rank for now; remove it or train "
-                f"on one rank (this run has {self.dist.world})"
+                f"{self.manifest.path}: [rollout] max_staleness: background rollouts run with one training rank for "
+                f"now; remove it or train on one rank (this run has {self.dist.world})"
             )
         logger.info(
             "rollouts in the background, at most {} step(s) behind the trainer; rollout_correction = {}",
@@ -213,7 +213,8 @@ class RLTrainer:
 
     def _reward(self, context: BuildContext):
         """``[reward] function``, or a router over ``[reward.routes]`` (with it as the default)."""
-        routes = {s.role[len("reward.routes."):]: s.component.build(s.options, context) for s in self.manifest.roles("reward.routes")}
+        routes = {s.role[len("reward.routes."):]: s.component.build(s.options, context)
+                  for s in self.manifest.roles("reward.routes")}
         default = self._build("reward.function", context) if self.cfg.reward.function else None
         return RoutedReward(routes, default) if routes else default
 
