@@ -8,7 +8,6 @@ import errno
 import json
 import os
 import shutil
-import sys
 
 import pytest
 import torch

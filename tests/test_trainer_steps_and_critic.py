@@ -36,7 +36,7 @@ PPO = dict(algorithm={"advantage": "gae"}, rollout={"samples_per_prompt": 1}, tr
 def test_a_critic_of_its_own_starts_from_its_own_weights(tmp_path, tiny_model):
     from rlcore.testing.models import make_tiny_model
 
-    other = make_tiny_model(tmp_path / "critic-model", seed=7, hidden=32, heads=2, kv_heads=1)
+    make_tiny_model(tmp_path / "critic-model", seed=7, hidden=32, heads=2, kv_heads=1)
     shared = write_run_manifest(tmp_path, tiny_model, **PPO)
     assert main(["run", str(shared), "--run-dir", str(tmp_path / "shared")]) == 0
     own = write_run_manifest(tmp_path, tiny_model, critic={"path": "critic-model"}, **PPO)  # relative to the manifest

@@ -11,7 +11,7 @@ import pytest
 from rlcore.interfaces import BuildContext, Prompt, SamplingParams, ToolResult
 from rlcore.registry import Registry
 from rlcore.testing.tools import ScriptedEngine, make_chat_tokenizer
-from rlcore_agent.options import PythonToolOptions, ToolLoopOptions
+from rlcore_agent.options import PythonToolOptions
 from rlcore_agent.python_tool import PythonTool
 
 TOOL_OUT = re.compile(r"<\|im_start\|>tool\n(.*?)<\|im_end\|>", re.S)

@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import yaml
 
 from rlcore.testing import require_plugins

@@ -4,7 +4,6 @@ states and exit codes, cancellation (rlcore jobs cancel, Ctrl-C), time limits, a
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -12,7 +11,6 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 

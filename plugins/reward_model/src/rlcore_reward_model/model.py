@@ -16,7 +16,7 @@ import json
 import math
 import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from loguru import logger
 
@@ -83,7 +83,6 @@ class RewardModel:
     # ------------------------------------------------------------------ loading
 
     def _load(self):
-        import torch
         from transformers import AutoModelForSequenceClassification
 
         try:
