@@ -73,3 +73,27 @@ def test_a_group_wise_batched_reward_trains_end_to_end(tmp_path, tiny_model):
     # 4 prompts a step, seen as 4 groups; every score is a rank in [0, 1].
     assert all(r["reward/group_size"] == 4 and 0 <= r["critic/score/mean"] <= 1 for r in train)
     assert all(r["reward/errors"] == 0 for r in train)
+
+
+def test_the_conformance_kit_checks_batched_rewards(tmp_path):
+    from rlcore.registry import Registry
+    from rlcore.testing.rewards import check_reward_function
+
+    shutil.copy(FIXTURES / "ranking_rewards.py", tmp_path / "ranking_rewards.py")
+    component = Registry.discover().get("reward_function", "python")
+    options = component.options.model_validate({"target": str(tmp_path / "ranking_rewards.py") + ":shortest_first"})
+    built = check_reward_function(component, options=options, cases=[(RewardInput(response="abc"), 1.0),
+                                                                      (RewardInput(response="a much longer one"), 1.0)])
+    assert built.batched and built.calls > 3  # one by one, then together
+
+    class Wrong:
+        batched = True
+
+        def score_batch(self, items):
+            return [1.0]  # one result, whatever the batch
+
+    from rlcore.components import Component
+
+    wrong = Component(name="wrong", factory=lambda options, context: Wrong(), kind="reward_function")
+    with pytest.raises(AssertionError, match="score_batch returned 1 results for 2 items"):
+        check_reward_function(wrong, cases=[(RewardInput(response="a"), 1.0), (RewardInput(response="b"), 1.0)])

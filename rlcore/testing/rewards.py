@@ -12,7 +12,10 @@
         )
 
 It builds the component as a run does (``component.build(options, context)``) and checks that
-the result is callable; that each case returns a finite float, or a RewardResult with a finite
+the result is callable (or a batched reward: ``batched = True`` and ``score_batch``, called here
+one item at a time and once with every case together, each its own group, which must give the
+same scores in order);
+that each case returns a finite float, or a RewardResult with a finite
 score and numeric metrics, equal to the expected score; that scores stay within a sane range;
 that calling twice gives the same answer; that empty and garbage responses are scored without
 raising; and that ``required_fields``, when declared, names fields a prompt has.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Sequence
 
 from rlcore.components import Component
@@ -82,11 +86,20 @@ def check_reward_function(
     score_range: tuple[float, float] = (-10.0, 10.0),
     garbage: Iterable[str] = GARBAGE_RESPONSES,
     tolerance: float = 1e-6,
-) -> Callable[[RewardInput], Any]:
-    """Check a reward component against the reward contract; return the built reward function."""
+) -> Any:
+    """Check a reward component against the reward contract; return the built reward (function or
+    batched reward)."""
     assert isinstance(component, Component), f"expected a Component record, got {type(component).__name__}"
     assert cases, "give at least one (RewardInput, expected_score) case"
-    fn = component.build(options, context or BuildContext())
+    built = component.build(options, context or BuildContext())
+    batched = bool(getattr(built, "batched", False))
+    if batched:
+        assert callable(getattr(built, "score_batch", None)), (
+            f"reward {component.name!r}: batched = True but it has no score_batch(items) method"
+        )
+        fn = _one_at_a_time(built)
+    else:
+        fn = built
     assert callable(fn), f"reward {component.name!r}: the factory returned a non-callable {type(fn).__name__}"
 
     required = getattr(fn, "required_fields", frozenset())
@@ -108,6 +121,12 @@ def check_reward_function(
             f"and ground truth {item.ground_truth!r}"
         )
 
+    if batched:
+        # Each case a group of its own (as one prompt each), so a group-wise reward scores it as alone.
+        together = [score_of(r) for r in _scored_batch(built, [replace(item, group=i) for i, (item, _) in enumerate(cases)])]
+        alone = [score_of(fn(item)) for item, _ in cases]
+        assert together == alone, f"reward {component.name!r}: a batch of the cases scored {together}, one by one {alone}"
+
     templates = [item for item, _ in cases]
     for text in garbage:
         for template in templates[:3]:
@@ -127,4 +146,21 @@ def check_reward_function(
                     f"reward {component.name!r} raised {type(exc).__name__}: {exc} on the response {text[:40]!r}"
                 ) from exc
             assert low <= score <= high, f"score {score} outside {score_range} on the response {text[:40]!r}"
-    return fn
+    return built
+
+
+def _scored_batch(reward: Any, items: list[RewardInput]) -> list[Any]:
+    for name in ("wake_up",):
+        if callable(getattr(reward, name, None)):
+            getattr(reward, name)()
+    try:
+        results = list(reward.score_batch(items))
+    finally:
+        if callable(getattr(reward, "sleep", None)):
+            reward.sleep()
+    assert len(results) == len(items), f"score_batch returned {len(results)} results for {len(items)} items"
+    return results
+
+
+def _one_at_a_time(reward: Any) -> Callable[[RewardInput], Any]:
+    return lambda item: _scored_batch(reward, [item])[0]
