@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 
 class Table(BaseModel):
@@ -237,6 +237,19 @@ class TrainerTable(Table):
         default_factory=list,
         description="trace these steps (1 = the first) with the torch profiler, phases labelled: "
         "profile/step_N.pt.trace.json in the run directory, for Perfetto or TensorBoard",
+    )
+    memory_snapshot_steps: list[PositiveInt] = Field(
+        default_factory=list,
+        description="record CUDA's memory history (each allocation and free, with its stack) over these steps "
+        "(1 = the first) and write it at each one's end: memory/step_N.pickle in the run directory, for "
+        "https://pytorch.org/memory_viz; an out-of-memory error in such a step writes memory/oom_step_N.pickle. "
+        "Records nothing without CUDA",
+    )
+    memory_snapshot_on_oom: bool = Field(
+        False,
+        description="record CUDA's memory history over the whole run, so that an out-of-memory error writes it to "
+        "memory/oom_step_N.pickle in the run directory (the error names the file). Costs a stack trace per "
+        "allocation and free (slower steps) and host memory for the last 100,000 of them",
     )
     log_val_generations: int = Field(
         0, ge=0, le=1000,

@@ -33,7 +33,7 @@ from rlcore.trainer.checkpoint import Checkpointer
 from rlcore.trainer.data_cursor import DataCursor, MixedCursor, shares
 from rlcore.trainer.distributed import Distributed, combine_metrics
 from rlcore.trainer.flops import mfu, peak_tflops
-from rlcore.trainer.phases import Timer, profiled
+from rlcore.trainer.phases import MemoryHistory, Timer, profiled
 from rlcore.trainer.rollout import Rollout
 from rlcore.trainer.filling import BatchMaker, Filling
 from rlcore.trainer.scheduler import Background, Colocated
@@ -64,6 +64,7 @@ class RLTrainer:
         self.step = 0
         self.checkpointer = Checkpointer(self.run_dir, keep=self.cfg.trainer.keep_checkpoints)
         self.critic = None
+        self.memory_history: MemoryHistory | None = None  # fit's: [trainer] memory_snapshot_*
 
     # ------------------------------------------------------------------ set-up
 
@@ -319,7 +320,10 @@ class RLTrainer:
 
     def fit(self) -> None:
         try:
-            with StopRequest() as stop:
+            t = self.cfg.trainer
+            self.memory_history = MemoryHistory(t.memory_snapshot_steps, t.memory_snapshot_on_oom, self.run_dir,
+                                                cuda=self.device.startswith("cuda"), rank=self.dist.rank)
+            with StopRequest() as stop, self.memory_history.run():
                 self._fit(stop)
         finally:
             self.close()
@@ -340,7 +344,7 @@ class RLTrainer:
         if self.step == 0 and t.eval_before_train and self.val_set is not None:
             self._log(self.evaluate(), self.step)
         while self.step < t.steps:
-            with profiled(self.step + 1, t.profile_steps, self.run_dir):
+            with self.memory_history.step(self.step + 1), profiled(self.step + 1, t.profile_steps, self.run_dir):
                 metrics = self.train_step()
             self.step += 1
             self._log(metrics, self.step)
@@ -361,7 +365,7 @@ class RLTrainer:
 
     def train_step(self) -> dict[str, Any]:
         algo = self.cfg.algorithm
-        timer = Timer()
+        timer = Timer(self.memory_history)
         metrics: dict[str, Any] = {}
         with timer("step"):
             scored = self.scheduler.next_batch(timer)
