@@ -302,6 +302,16 @@ class _ThreadPool:
         self.state = [None] * self.size
 
 
+def _in_debugger(pool: "_ProcessPool | _ThreadPool", slot: int) -> bool:
+    """Whether the worker of ``slot`` is stopped at an :func:`rlcore.debug.breakpoint` (a thread
+    worker: whether this process is)."""
+    from rlcore.debug import stopped
+
+    proc = getattr(pool, "procs", None)
+    pid = proc[slot].pid if proc is not None and proc[slot] is not None else os.getpid()
+    return stopped(pid)
+
+
 # ----------------------------------------------------------------------------- the runner
 
 
@@ -328,6 +338,12 @@ def _batch(scores: list[float], statuses: list[str], item_metrics: list[dict[str
     return RewardBatch(scores=scores, metrics=metrics, statuses=statuses)
 
 
+def _stopped_here() -> bool:
+    from rlcore.debug import stopped
+
+    return stopped(os.getpid())
+
+
 def score_batched(fn: Any, items: Sequence[RewardInput], timeout_s: float) -> RewardBatch:
     """Score ``items`` with a batched reward (``fn.score_batch(items)``, see
     :class:`rlcore.interfaces.BatchRewardFunction`) in this process, with ``timeout_s`` for the
@@ -347,6 +363,8 @@ def score_batched(fn: Any, items: Sequence[RewardInput], timeout_s: float) -> Re
     thread = threading.Thread(target=call, name="rlcore-batched-reward", daemon=True)
     thread.start()
     thread.join(timeout_s)
+    while thread.is_alive() and _stopped_here():  # at an rlcore.debug.breakpoint(): not late
+        thread.join(1.0)
     scores, statuses, item_metrics = [0.0] * n, ["ok"] * n, [{} for _ in range(n)]
     if thread.is_alive():
         failure = ("timeout", f"the batch of {n} gave no result after {timeout_s:g} s")
@@ -515,8 +533,10 @@ class RewardRunner:
                         idle.append(slot)
                 # else: a late answer from an abandoned thread
             now = time.monotonic()
-            for slot, (index, _, deadline) in list(busy.items()):
-                if now >= deadline:
+            for slot, (index, ticket, deadline) in list(busy.items()):
+                if now >= deadline and _in_debugger(pool, slot):  # rlcore.debug.breakpoint(): not late
+                    busy[slot] = (index, ticket, now + self.timeout_s)
+                elif now >= deadline:
                     busy.pop(slot)
                     pool.replace(slot)
                     finish(index, ("timeout", f"no result after {self.timeout_s:g} s"))

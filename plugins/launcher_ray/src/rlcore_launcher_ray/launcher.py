@@ -119,8 +119,10 @@ class RayLauncher:
 
 
 def _forwarded_env() -> dict[str, str]:
-    """Settings of this process that the ranks should share (log level, thread count)."""
-    names = ("RLCORE_LOG_LEVEL", "OMP_NUM_THREADS", "RLCORE_DIST_TIMEOUT_S")
+    """Settings of this process that the ranks should share (log level, thread count, debugger:
+    docs/debugging.md)."""
+    names = ("RLCORE_LOG_LEVEL", "OMP_NUM_THREADS", "RLCORE_DIST_TIMEOUT_S", "RAY_DEBUG", "RAY_DEBUG_POST_MORTEM",
+             "RLCORE_DEBUG_RANK", "RLCORE_DEBUG_PORT", "RLCORE_DEBUG_DIR")
     return {name: os.environ[name] for name in names if name in os.environ}
 
 
