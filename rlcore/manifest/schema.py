@@ -118,6 +118,21 @@ class RolloutTable(Table):
         "steps behind the weights it trains (0: on-policy, still in the background; 1: one-step off-policy); unset: "
         "rollout and training take turns",
     )
+    placement: Literal["colocated", "split"] = Field(
+        "colocated",
+        description='"split": the engine runs in a process of its own (on engine_device), receiving the weights in '
+        "buckets after every update; with max_staleness it generates while the trainer trains, in parallel rather "
+        'than in a thread. "colocated": in the trainer\'s process',
+    )
+    engine_device: str | None = Field(
+        None, description='where a split engine runs ("cpu", "cuda:1"); default: the trainer\'s device'
+    )
+    weight_transport: Literal["shared", "gloo"] = Field(
+        "shared",
+        description="how a split engine receives the weights: shared (a bucket buffer both processes map: CPU shared "
+        "memory, or CUDA IPC on one GPU or the GPUs of one host) or gloo (broadcast over a two-process gloo group)",
+    )
+    weight_bucket_mb: int = Field(256, ge=1, le=65536, description="the size of one weight bucket sent to a split engine")
 
 
 class RewardTable(Table):

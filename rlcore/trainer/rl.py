@@ -12,6 +12,7 @@ of one step, and runs the loop: validation, checkpoints, metrics (docs/architect
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections import defaultdict
@@ -123,7 +124,7 @@ class RLTrainer:
             self._check_critic_vocabulary()
 
         context.tools = {s.role.split(".", 1)[1]: s.component.build(s.options, context) for s in self.manifest.roles("tools")}
-        engine = self._build("rollout.engine", context)
+        engine = self._engine(context)
         if self.dist.enabled and not engine.shares_actor and cfg.model.lora is not None:
             raise UsageError(
                 f"rollout engine {self.manifest.component('rollout.engine').component.name!r} holds its own weights, "
@@ -211,6 +212,27 @@ class RLTrainer:
         indices = cursor.take(self.cfg.data.prompts_per_step)
         local = self.dist.shard(list(range(len(indices))))
         return [self.train_set.prompts[indices[i]] for i in local], self._sampling(train=True, step=step)
+
+    def _engine(self, context: BuildContext):
+        """The manifest's engine, in this process, or in a process of its own ([rollout] placement = "split")."""
+        r = self.cfg.rollout
+        if r.placement == "colocated":
+            return self._build("rollout.engine", context)
+        if self.dist.world > 1:
+            raise UsageError(
+                f'{self.manifest.path}: [rollout] placement = "split" runs with one training rank for now (this run has '
+                f'{self.dist.world}); remove it, or train on one rank'
+            )
+        from rlcore.trainer.engine_process import EngineProcess
+
+        selected = self.manifest.component("rollout.engine")
+        device = r.engine_device or self.device
+        logger.info("rollout engine {!r} in its own process on {} (weights by {}, {} MiB buckets)",
+                    selected.component.name, device, r.weight_transport, r.weight_bucket_mb)
+        child = dataclasses.replace(context, actor=None, tools={}, concurrent=True, device=device)
+        self.engine_process = EngineProcess(selected.component, selected.options, child, self.device,
+                                            r.weight_transport, r.weight_bucket_mb)
+        return self.engine_process
 
     def _reward(self, context: BuildContext):
         """``[reward] function``, or a router over ``[reward.routes]`` (with it as the default)."""
@@ -332,6 +354,8 @@ class RLTrainer:
         """Stop what setup started: the rollout thread, the sinks, the reward workers, the process group."""
         if hasattr(self, "scheduler"):
             self.scheduler.close()
+        if getattr(self, "engine_process", None) is not None:
+            self.engine_process.close()
         for sink in getattr(self, "sinks", []):
             sink.close()
         if hasattr(self, "scorer"):
