@@ -9,8 +9,9 @@ cluster then registers and listens on that IP), in ``ray.init(address="127.0.0.1
 ``services.get_node_ip_address()``, which answers 127.0.0.1 when
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (Ray's single-host mode: only joining a second node is
 refused). So this file starts its own one-node cluster with that setting (its dashboard head's
-cloud-metadata probe sent to a closed loopback port), gives the run's driver the same setting, and reads the breakpoints from the GCS with a plain ``GcsClient`` (no
-rewrite there) instead of ``ray debug``."""
+cloud-metadata probe sent to a closed loopback port), gives the run's driver the same setting,
+and reads the breakpoints from the GCS with a plain ``GcsClient`` (no rewrite there) instead of
+``ray debug``."""
 
 from __future__ import annotations
 
