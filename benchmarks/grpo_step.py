@@ -374,10 +374,7 @@ def run_rlcore(args, shape: str, prompts: list[str]) -> dict:
         training = measure_training(args, trainer) if not args.skip_train_only else None
         params = sum(p.numel() for p in trainer.actor.module.parameters())
     finally:
-        for sink in trainer.sinks:
-            sink.close()
-        trainer.scorer.close()
-        trainer.dist.close()
+        trainer.close()  # the sinks, the reward workers, a background rollout thread, an engine process
     timed = steps[args.warmup:] or steps
     mean = lambda key: sum(m.get(key, 0.0) for m in timed) / len(timed)  # noqa: E731
     result = {
@@ -392,7 +389,7 @@ def run_rlcore(args, shape: str, prompts: list[str]) -> dict:
         "response_length": mean("response_length/mean"),
         "logprob_diff": mean("rollout_corr/logprob_diff/mean"),
         "peak_gib": max((m["peak_gib"] for m in timed if m["peak_gib"] is not None), default=None),
-        "steps": [{k: v for k, v in m.items() if k.startswith(("timing_s/", "actor/", "peak_gib", "response_length/mean"))} for m in steps],
+        "steps": [{k: v for k, v in m.items() if k.startswith(("timing_s/", "actor/", "async/", "rollout/staleness", "peak_gib", "response_length/mean"))} for m in steps],
         "training": training,
     }
     del trainer
