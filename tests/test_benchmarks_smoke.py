@@ -38,3 +38,13 @@ def test_grpo_step_benchmark_runs_rlcore_steps(tmp_path):
     step = json.loads(out.read_text())["rlcore"]
     assert step["shape"] == "tiny" and step["step_s"] > 0 and step["gen_s"] > 0 and step["update_actor_s"] > 0
     assert step["response_length"] > 0 and step["training"]
+
+
+def test_offload_capacity_benchmark_quick(tmp_path):
+    """Tiny shapes on the CPU, each attempt a child process, with and without fsdp_offload."""
+    out = tmp_path / "capacity.json"
+    subprocess.run([sys.executable, "benchmarks/offload_capacity.py", "--quick", "--json", str(out)],
+                   cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)
+    results = json.loads(out.read_text())
+    assert {(r["offload"], r["layers"]) for r in results} == {(False, 1), (False, 2), (True, 1), (True, 2)}
+    assert all(r["fits"] and r["step_s"] > 0 for r in results), results

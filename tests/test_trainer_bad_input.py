@@ -69,8 +69,3 @@ def test_prompt_and_response_longer_than_the_context_are_refused_at_start_up(tmp
     _assert_clean(proc, 2, "manifest.toml", "max_prompt_tokens = 2000 + max_response_tokens = 100 = 2100 tokens",
                   "context of 2048 positions")
 
-
-def test_fsdp_offload_on_one_rank_is_refused(tmp_path, tiny_model):
-    manifest = write_run_manifest(tmp_path, tiny_model, trainer={"steps": 1, "fsdp_offload": True})
-    proc = run_cli("run", str(manifest), "--run-dir", str(tmp_path / "run"))
-    _assert_clean(proc, 2, "manifest.toml", "fsdp_offload", "one rank")

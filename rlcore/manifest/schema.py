@@ -245,8 +245,8 @@ class TrainerTable(Table):
     export_final: bool = Field(False, description="write the final model as a plain Hugging Face directory")
     fsdp_offload: bool = Field(
         False,
-        description="with several ranks, keep FSDP's parameter shards, gradients and optimizer state in CPU memory "
-        "(the optimizer steps on the CPU): larger models per GPU, slower steps",
+        description="keep FSDP's parameter shards, gradients and optimizer state in CPU memory (the optimizer steps "
+        "on the CPU): larger models per GPU, slower steps; one rank shards with FSDP over a process group of one for it",
     )
     profile_steps: list[int] = Field(
         default_factory=list,

@@ -32,24 +32,26 @@ class Actor(precision.TrainedRole):
     def __init__(self, cfg: Manifest, model_cfg: ModelTable, prec: precision.Precision, dist: Distributed, device: str,
                  batching: Batching, checkpoint: Path | None):
         self.cfg, self.dist, self.device, self.batching = cfg, dist, device, batching
-        module = models.load_causal_lm(model_cfg, device)
+        # Offloaded shards live in CPU memory: load there, and FSDP copies one layer at a time to the
+        # device as it shards (the whole model never has to fit on the device).
+        offload = cfg.trainer.fsdp_offload
+        module = models.load_causal_lm(model_cfg, device, place="cpu" if offload else None)
         self.module = models.prepare_actor(module, model_cfg)
         if checkpoint is not None:
             load_actor_weights(self.module, checkpoint)
         # Mixed precision: one process keeps float32 masters beside a compute-dtype module; FSDP2
         # keeps float32 shards and gathers them in the compute dtype (precision.py).
         self.masters = None
-        if prec.mixed and not dist.enabled:
+        if prec.mixed and not dist.sharded:
             self.masters = precision.MasterWeights(self.module, precision.torch_dtype(prec.compute))
-        compile_wanted = compiling.wanted(model_cfg.compile, device, dist.world)
+        compile_wanted = compiling.wanted(model_cfg.compile, device, dist.world, sharded=dist.sharded)
         compiling.enable_kernels(compile_wanted)
         if compile_wanted:
             layers = compiling.compile_decoder_layers(self.module)
             logger.info("torch.compile: {} decoder layers and the log-prob head ([model] compile)", layers)
         self.policy = TokenLogprobs(self.module)
-        if dist.enabled:
-            fsdp_wrap(self.policy, lambda model: self.dummy_forward(model), precision.fsdp_policy(prec),
-                      offload=cfg.trainer.fsdp_offload)
+        if dist.sharded:
+            fsdp_wrap(self.policy, lambda model: self.dummy_forward(model), precision.fsdp_policy(prec), offload=offload)
         # What the optimizer steps: the float32 masters, or the module's own trainable parameters.
         self.params = self.masters.params if self.masters else [p for p in self.module.parameters() if p.requires_grad]
         t = cfg.trainer
@@ -86,7 +88,7 @@ class Actor(precision.TrainedRole):
     def weights_for_engine(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The actor's weights under Hugging Face names (LoRA merged in), produced lazily: an
         engine that shares the actor's parameters never iterates it. With several ranks each
-        tensor is gathered from the FSDP shards as it is produced, one at a time, so no rank
+        tensor is gathered from the FSDP shards (one rank's too, under fsdp_offload) as it is produced, one at a time, so no rank
         ever holds a second full copy; every rank must iterate to the end (each gather is a
         collective), which every rank's own engine does in ``update_weights``."""
         from torch.distributed.tensor import DTensor

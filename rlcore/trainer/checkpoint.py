@@ -165,15 +165,17 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
         dist.barrier()
-        model_state = full_state_dict(actor) if dist.enabled else None
-        module_states = {n: full_state_dict(m) if dist.enabled else m.state_dict() for n, m in modules.items()}
+        # FSDP-sharded modules (several ranks, or one under fsdp_offload) are gathered into full,
+        # float32 state dicts on rank 0.
+        model_state = full_state_dict(actor) if dist.sharded else None
+        module_states = {n: full_state_dict(m) if dist.sharded else m.state_dict() for n, m in modules.items()}
         own = [f"optimizers-rank{dist.rank}.pt", f"rng-rank{dist.rank}.pt"]
         try:
             failure, digests = None, {}
             try:
                 if dist.is_main:
                     actor.save_pretrained(tmp / "model", safe_serialization=True,
-                                          **({"state_dict": model_state} if dist.enabled else {}))
+                                          **({"state_dict": model_state} if dist.sharded else {}))
                     tokenizer.save_pretrained(tmp / "model")
                     for name, module_state in module_states.items():
                         torch.save(module_state, tmp / f"{name}.pt")
@@ -316,7 +318,7 @@ class Checkpointer:
         dist = dist or Distributed()
         for name, module in modules.items():
             module_state = torch.load(path / f"{name}.pt", map_location="cpu", weights_only=True)
-            if dist.enabled:
+            if dist.sharded:
                 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
                 set_model_state_dict(module, module_state, options=StateDictOptions(full_state_dict=True))

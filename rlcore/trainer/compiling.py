@@ -29,11 +29,11 @@ from loguru import logger
 _state = {"packed": False, "layers_failed": False, "kernels": False}
 
 
-def wanted(setting: bool | str, device: str, world: int) -> bool:
-    """Resolve ``[model] compile``: ``"auto"`` compiles on CUDA for a single-rank run (FSDP's
-    hooks around compiled layers are not measured here), ``true``/``false`` as said."""
+def wanted(setting: bool | str, device: str, world: int, sharded: bool = False) -> bool:
+    """Resolve ``[model] compile``: ``"auto"`` compiles on CUDA for a single-rank run without FSDP
+    (FSDP's hooks around compiled layers are not measured here), ``true``/``false`` as said."""
     if setting == "auto":
-        return device.startswith("cuda") and world == 1
+        return device.startswith("cuda") and world == 1 and not sharded
     return bool(setting)
 
 

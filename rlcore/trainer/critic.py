@@ -25,11 +25,11 @@ class Critic(precision.TrainedRole):
         path, gguf_file = (cfg.critic.path, None) if cfg.critic.path else (model_cfg.path, model_cfg.gguf_file)
         self.module = CriticModel.from_pretrained(
             path, gguf_file=gguf_file, torch_dtype=precision.torch_dtype(prec.storage)
-        ).to(device)
+        ).to("cpu" if cfg.trainer.fsdp_offload else device)  # offloaded shards live in CPU memory (actor.py)
         self.masters = None
-        if prec.mixed and not dist.enabled:
+        if prec.mixed and not dist.sharded:
             self.masters = precision.MasterWeights(self.module, precision.torch_dtype(prec.compute))
-        if dist.enabled:
+        if dist.sharded:
             fsdp_wrap(self.module, lambda model: self.dummy_forward(), precision.fsdp_policy(prec),
                       offload=cfg.trainer.fsdp_offload)
         if model_cfg.gradient_checkpointing:

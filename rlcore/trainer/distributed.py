@@ -27,28 +27,43 @@ _SUM_KEYS = ("perf/total_num_tokens", "perf/throughput_total", "reward/errors", 
 class Distributed:
     """This process's place among the ranks; a single process is rank 0 of 1."""
 
-    def __init__(self, rank: int = 0, world: int = 1, local_rank: int = 0):
+    def __init__(self, rank: int = 0, world: int = 1, local_rank: int = 0, sharded: bool | None = None):
         self.rank, self.world, self.local_rank = rank, world, local_rank
+        # Whether the trained modules are FSDP2-sharded: always with several ranks; with one rank
+        # only when asked (``[trainer] fsdp_offload`` needs FSDP's CPU offload policy).
+        self.sharded = world > 1 if sharded is None else sharded
+        self._owns_group = False  # a one-rank group made here, destroyed by close()
 
     @classmethod
-    def from_env(cls, device: str) -> "Distributed":
+    def from_env(cls, device: str, shard_one: bool = False) -> "Distributed":
+        """``shard_one``: a single process still shards with FSDP2, over a process group of one
+        (made here when none exists: gloo on CPU, NCCL for CUDA tensors, an in-memory store)."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
+        backend = "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"  # small CPU collectives too
+        timeout = timedelta(seconds=float(os.environ.get("RLCORE_DIST_TIMEOUT_S", "900")))
         if world <= 1:
-            return cls()
+            if not shard_one:
+                return cls()
+            one = cls(sharded=True)
+            if not dist.is_initialized():
+                if device == "cuda":
+                    torch.cuda.set_device(0)
+                dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+                one._owns_group = True
+            return one
         rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
         if not dist.is_initialized():
             missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
             if missing:
                 raise RlcoreError(f"WORLD_SIZE={world} but {', '.join(missing)} is not set; start ranks with torchrun or a launcher")
-            backend = "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"  # small CPU collectives too
             if device == "cuda":
                 torch.cuda.set_device(local_rank)
-            timeout = timedelta(seconds=float(os.environ.get("RLCORE_DIST_TIMEOUT_S", "900")))
             dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
         return cls(rank, world, local_rank)
 
     @property
     def enabled(self) -> bool:
+        """Several ranks: collectives gather and sum across them (one rank needs none, sharded or not)."""
         return self.world > 1
 
     @property
@@ -85,8 +100,9 @@ class Distributed:
             dist.barrier()
 
     def close(self) -> None:
-        if self.enabled and dist.is_initialized():
+        if (self.enabled or self._owns_group) and dist.is_initialized():
             dist.destroy_process_group()
+        self._owns_group = False
 
 
 def combine_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:

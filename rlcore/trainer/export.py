@@ -9,8 +9,9 @@ from pathlib import Path
 from loguru import logger
 
 
-def export_model(actor, tokenizer, target: str | Path) -> Path:
-    """Write ``actor`` (merged when it carries LoRA adapters) and ``tokenizer`` to ``target``.
+def export_model(actor, tokenizer, target: str | Path, state_dict=None) -> Path:
+    """Write ``actor`` (merged when it carries LoRA adapters) and ``tokenizer`` to ``target``;
+    ``state_dict``: the full weights of an FSDP-sharded actor (gathered by the caller).
 
     Written into a temporary directory first and renamed, so a crash never leaves half a model.
     """
@@ -22,7 +23,7 @@ def export_model(actor, tokenizer, target: str | Path) -> Path:
         import copy
 
         model = copy.deepcopy(actor).merge_and_unload()
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": state_dict} if state_dict is not None else {}))
     tokenizer.save_pretrained(tmp)
     if target.exists():
         shutil.rmtree(target)

@@ -94,8 +94,10 @@ def load_tokenizer(model: ModelTable):
     return tokenizer
 
 
-def load_causal_lm(model: ModelTable, device: str, path: str | None = None, *, dtype: str | None = None):
-    """Load in ``dtype`` (default ``[model] dtype``)."""
+def load_causal_lm(model: ModelTable, device: str, path: str | None = None, *, dtype: str | None = None,
+                   place: str | None = None):
+    """Load in ``dtype`` (default ``[model] dtype``) for ``device``; ``place``: where the weights go
+    (default ``device``; FSDP's CPU offload loads them into CPU memory)."""
     from transformers import AutoModelForCausalLM
 
     from rlcore.trainer.precision import torch_dtype
@@ -127,7 +129,7 @@ def load_causal_lm(model: ModelTable, device: str, path: str | None = None, *, d
         if hasattr(lm.config, "quantization_config"):
             del lm.config.quantization_config
         lm.is_quantized = False
-    return lm.to(device)
+    return lm.to(place or device)
 
 
 def prepare_actor(lm, model: ModelTable):

@@ -72,18 +72,14 @@ class RLTrainer:
     def setup(self) -> None:
         cfg = self.cfg
         self.device = models.resolve_device(cfg.run.device)
-        self.dist = Distributed.from_env(self.device)
+        # fsdp_offload on one rank: FSDP2 over a process group of one, for its CPU offload policy.
+        self.dist = Distributed.from_env(self.device, shard_one=cfg.trainer.fsdp_offload)
         if self.device == "cuda":
             self.device = f"cuda:{self.dist.local_rank}"
         if cfg.data.prompts_per_step % (self.dist.world * cfg.algorithm.mini_batches):
             raise RlcoreError(
                 f"data.prompts_per_step = {cfg.data.prompts_per_step} must be divisible by the number of ranks "
                 f"({self.dist.world}) times algorithm.mini_batches ({cfg.algorithm.mini_batches})"
-            )
-        if cfg.trainer.fsdp_offload and not self.dist.enabled:
-            raise UsageError(
-                f"{self.manifest.path}: [trainer] fsdp_offload offloads FSDP's shards, and this run has one rank, which "
-                "trains without FSDP; start several ranks (torchrun, or the ray or slurm launcher) or remove it"
             )
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
@@ -125,11 +121,12 @@ class RLTrainer:
 
         context.tools = {s.role.split(".", 1)[1]: s.component.build(s.options, context) for s in self.manifest.roles("tools")}
         engine = self._engine(context)
-        if self.dist.enabled and not engine.shares_actor and cfg.model.lora is not None:
+        if self.dist.sharded and not engine.shares_actor and cfg.model.lora is not None:
             raise UsageError(
-                f"rollout engine {self.manifest.component('rollout.engine').component.name!r} holds its own weights, "
-                "and with several training ranks they are gathered from the FSDP shards for it, which is not done "
-                "for LoRA adapters yet; train the LoRA run on one rank, or use the hf engine sharing the actor"
+                f"{self.manifest.path}: rollout engine {self.manifest.component('rollout.engine').component.name!r} "
+                "holds its own weights, and with FSDP (several training ranks, or [trainer] fsdp_offload) they are "
+                "gathered from the shards for it, which is not done for LoRA adapters yet; train the LoRA run on one "
+                "rank without fsdp_offload, or use the hf engine sharing the actor"
             )
         self.rollout = Rollout(engine, self._build("agent.loop", context), self.actor)
         self._load_data()
@@ -145,6 +142,13 @@ class RLTrainer:
             if int(state.get("world_size", 1)) != self.dist.world:
                 raise RlcoreError(
                     f"checkpoint {checkpoint} was written by {state.get('world_size', 1)} ranks; resume it with as many"
+                )
+            if bool(state.get("fsdp", int(state.get("world_size", 1)) > 1)) != self.dist.sharded:
+                said = "with" if self.dist.sharded else "without"
+                raise UsageError(
+                    f"{self.manifest.path}: checkpoint {checkpoint} was written {'without' if self.dist.sharded else 'with'} "
+                    f"FSDP and this run trains {said} it ([trainer] fsdp_offload): their optimizer states differ in "
+                    "kind; resume with the fsdp_offload setting it was written with"
                 )
             logger.info("resumed from {} (step {})", checkpoint, self.step)
             context.resume_step = self.step
@@ -586,7 +590,7 @@ class RLTrainer:
                 optimizers=self.optimizers,
                 schedulers=self.schedulers,
                 modules=self.modules,
-                state={"data": self.cursor.state(), "world_size": self.dist.world},
+                state={"data": self.cursor.state(), "world_size": self.dist.world, "fsdp": self.dist.sharded},
                 dist=self.dist,
             )
 
@@ -595,7 +599,20 @@ class RLTrainer:
         from rlcore.trainer.export import export_model
 
         with self._stored_weights():
-            return export_model(self.actor.module, self.tokenizer, target)
+            if not self.dist.sharded:
+                return export_model(self.actor.module, self.tokenizer, target)
+            if self.cfg.model.lora is not None:
+                raise RlcoreError(
+                    f"{self.manifest.path}: [trainer] export_final: merging LoRA adapters into FSDP shards (several "
+                    "ranks, or fsdp_offload) is not done yet; the checkpoints hold the adapters"
+                )
+            from rlcore.trainer.distributed import full_state_dict
+
+            state = full_state_dict(self.actor.module)  # a collective: the full float32 model on rank 0
+            if self.dist.is_main:
+                export_model(self.actor.module, self.tokenizer, target, state_dict=state)
+            self.dist.barrier()
+            return Path(target)
 
 
 def _eos_ids(tokenizer, model) -> list[int]:
