@@ -54,6 +54,8 @@ def run_mode(args, mode: str, out: Path) -> dict:
            "--out", str(out / mode.replace(":", "-")), "--json", str(target)]
     if args.device:
         cmd += ["--device", args.device]
+    if args.engine:
+        cmd += ["--engine", args.engine]
     if args.workload:
         cmd += ["--workload", *map(str, args.workload)]
     for option in args.engine_option + options_for(mode):
@@ -78,6 +80,7 @@ def main() -> None:
     parser.add_argument("--modes", default="colocated,split,split:1")
     parser.add_argument("--workload", type=int, nargs=4, metavar=("PROMPTS", "SAMPLES", "PROMPT_TOKENS", "RESPONSE_TOKENS"))
     parser.add_argument("--micro-batch-tokens", type=int, default=49152)
+    parser.add_argument("--engine", default=None, help="[rollout] engine (default: hf; vllm where installed)")
     parser.add_argument("--engine-option", action="append", default=[], metavar="KEY=TOML",
                         help="[rollout] keys for every mode (e.g. max_batch_size=256)")
     parser.add_argument("--out", type=Path, default=None)

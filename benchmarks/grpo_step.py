@@ -298,6 +298,7 @@ def write_manifest(args, shape: str, model_dir: Path, tokenizer_dir: Path, work:
     data.write_text("".join(json.dumps({"prompt": p, "ground_truth": "0"}) + "\n" for p in prompts))
     (work / "reward.py").write_text(REWARD)
     engine = "".join(f"{k} = {v}\n" for k, v in (kv.split("=", 1) for kv in args.engine_option))
+    trainer_extra = "".join(f"{k} = {v}\n" for k, v in (kv.split("=", 1) for kv in args.trainer_option))
     storage, compute = PRECISIONS[args.precision]
     model_extra = f'dtype = "{storage}"\ncompute_dtype = "{compute}"\n'
     model_extra += f'attn_implementation = "{args.attn}"\n' if args.attn else ""
@@ -319,7 +320,7 @@ max_prompt_tokens = {T}
 max_response_tokens = {R}
 shuffle = false
 [rollout]
-engine = "hf"
+engine = "{args.engine}"
 samples_per_prompt = {S}
 temperature = 1.0
 {engine}
@@ -338,7 +339,7 @@ micro_batch_tokens = {args.micro_batch_tokens}
 loggers = ["jsonl"]
 eval_before_train = false
 save_every = 0
-'''
+{trainer_extra}'''
     path = work / f"manifest-{shape}.toml"
     path.write_text(text)
     return path
@@ -531,6 +532,9 @@ def main() -> None:
     parser.add_argument("--attn", default=None, help="[model] attn_implementation for rlcore (default: transformers' choice)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--micro-batch-tokens", type=int, default=4096)
+    parser.add_argument("--trainer-option", action="append", default=[], metavar="KEY=TOML",
+                        help="extra [trainer] keys (e.g. profile_steps=[2])")
+    parser.add_argument("--engine", default="hf", help="rlcore's [rollout] engine (hf, or vllm where installed)")
     parser.add_argument("--engine-option", action="append", default=[], metavar="KEY=TOML",
                         help="an option of the hf engine, e.g. max_batch_size=256 (repeatable)")
     parser.add_argument("--trl-micro-batch", type=int, default=64,

@@ -22,6 +22,7 @@ per sync consuming a stream of tensors: an engine sees the same call as in the t
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import pickle
@@ -85,9 +86,12 @@ class EngineProcess:
         else:
             transport_spec = ("shared", None)
         self._process = spawn.Process(
-            target=_serve, args=(child_end, transport_spec, self._bucket_bytes), name="rlcore-engine", daemon=True,
+            # Not a daemon: an engine may start processes of its own (vLLM, tensor-parallel workers);
+            # close() at exit ends it instead.
+            target=_serve, args=(child_end, transport_spec, self._bucket_bytes), name="rlcore-engine", daemon=False,
         )
         self._process.start()
+        atexit.register(self.close)
         child_end.close()
         self.pid = self._process.pid
         try:  # through the pipe, not the start-up arguments: a child that dies starting is then noticed
@@ -146,6 +150,7 @@ class EngineProcess:
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self.close)
         try:
             if self._process.is_alive():
                 self._conn.send(("close", (), {}))
