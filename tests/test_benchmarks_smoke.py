@@ -48,3 +48,17 @@ def test_offload_capacity_benchmark_quick(tmp_path):
     results = json.loads(out.read_text())
     assert {(r["offload"], r["layers"]) for r in results} == {(False, 1), (False, 2), (True, 1), (True, 2)}
     assert all(r["fits"] and r["step_s"] > 0 for r in results), results
+
+
+def test_async_benchmark_runs_one_step_off_with_a_split_engine(tmp_path):
+    """The engine in its own process, one step behind: the trainer's steps and the engine's share."""
+    out = tmp_path / "async.json"
+    subprocess.run(
+        [sys.executable, "benchmarks/async_gpu.py", "--shape", "tiny", "--device", "cpu", "--steps", "1", "--warmup", "1",
+         "--modes", "split:1", "--micro-batch-tokens", "4096", "--out", str(tmp_path / "work"), "--json", str(out)],
+        cwd=ROOT, check=True, capture_output=True, text=True, timeout=600,
+    )
+    run = json.loads(out.read_text())["split:1"]
+    assert run["step_s"] > 0 and run["response_length"] == 16
+    assert [s["rollout/staleness/max"] for s in run["steps"]] == [0.0, 1.0]
+    assert 0 < run["steps"][-1]["async/engine_busy_fraction"] <= 1
