@@ -2,16 +2,10 @@
 ``breakpoint()`` in a rank, found and attached from another process the way ``ray debug`` does it;
 and ``rlcore.debug.breakpoint`` in a ``python:`` reward of a rank under Ray.
 
-All traffic stays on 127.0.0.1. Ray 2.x rewrites a loopback address ("127.0.0.1", "localhost")
-to the host's own IP wherever it resolves one: in ``ray start --node-ip-address=127.0.0.1`` (the
-cluster then registers and listens on that IP), in ``ray.init(address="127.0.0.1:P")`` and in
-``ray debug --address 127.0.0.1:P`` (both then dial the GCS at that IP). The rewrite asks
-``services.get_node_ip_address()``, which answers 127.0.0.1 when
-``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (Ray's single-host mode: only joining a second node is
-refused). So this file starts its own one-node cluster with that setting (its dashboard head's
-cloud-metadata probe sent to a closed loopback port), gives the run's driver the same setting,
-and reads the breakpoints from the GCS with a plain ``GcsClient`` (no rewrite there) instead of
-``ray debug``."""
+All traffic stays on 127.0.0.1: the runs use the loopback-only ``ray_cluster`` of conftest.py,
+and their drivers inherit its single-host setting (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, see
+conftest.py). ``ray debug --address 127.0.0.1:P`` would still dial the GCS at the host's IP, so
+the breakpoints are read from the GCS with a plain ``GcsClient`` (no rewrite there) instead."""
 
 from __future__ import annotations
 
@@ -19,11 +13,8 @@ import json
 import os
 import queue
 import re
-import shutil
-import signal
 import socket
 import subprocess
-import tempfile
 import sys
 import threading
 import time
@@ -39,9 +30,6 @@ from rlcore.testing import require_plugins  # noqa: E402
 from rlcore.testing.runs import TINY_RUN, deep_update, train_rows  # noqa: E402
 
 require_plugins("rlcore_rollout_hf", "rlcore_algo_grpo")
-
-RAY_BIN = str(Path(sys.executable).with_name("ray"))
-LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
 # A batched reward: score_batch runs in the rank's own process (a Ray actor), where Ray's
 # breakpoint hook is set.
@@ -110,58 +98,6 @@ class Output:
             except queue.Empty:
                 continue
         return found
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def loopback_ray():
-    """A one-node Ray head on 127.0.0.1 only (see the module docstring); its GCS address."""
-    gcs = _free_port()
-    temp_dir = tempfile.mkdtemp(prefix="rldbg", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_DEBUG")}
-    env.update(LOOPBACK, PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""))
-    # Ray's dashboard head (started even with --include-dashboard=false) asks the cloud metadata
-    # address 169.254.169.254 which cloud it is on, usage stats or not, through `requests`: send
-    # that to a closed loopback port instead (refused at once; Ray then says "unknown").
-    env.update(HTTP_PROXY="http://127.0.0.1:9", http_proxy="http://127.0.0.1:9",
-               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
-    argv = [RAY_BIN, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}", "--num-cpus=4",
-            "--num-gpus=0", "--include-dashboard=false", f"--ray-client-server-port={_free_port()}",
-            f"--dashboard-agent-listen-port={_free_port()}", f"--temp-dir={temp_dir}", "--disable-usage-stats"]
-    log_path = Path(temp_dir) / "ray-start.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while "Ray runtime started" not in log_path.read_text():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"ray start did not come up:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.5)
-        assert re.search(r"Local node IP\S*: \S*127\.0\.0\.1", log_path.read_text()), log_path.read_text()[-3000:]
-        yield f"127.0.0.1:{gcs}"
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGKILL):  # the head's process group only: never `ray stop`
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:  # until the group (gcs, raylet, ...) is gone
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                break
-            time.sleep(0.3)
-        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _waiting_breakpoint(address: str, filename: str, run: subprocess.Popen, run_out: Output, timeout: float) -> dict:
@@ -235,21 +171,22 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def _env(**extra: str) -> dict:
+    """The run's environment: this one (with conftest.py's LOOPBACK_ENV) and ``extra``."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_DEBUG", "RLCORE_DEBUG_RANK")}
-    return {**env, "OMP_NUM_THREADS": "1", **LOOPBACK, **extra}
+    return {**env, "OMP_NUM_THREADS": "1", **extra}
 
 
 @pytest.mark.slow
-def test_ray_legacy_debugger_attaches_to_a_breakpoint_in_rank_1(loopback_ray, tiny_model, tmp_path):
+def test_ray_legacy_debugger_attaches_to_a_breakpoint_in_rank_1(ray_cluster, tiny_model, tmp_path):
     """``RAY_DEBUG=legacy``: ``breakpoint()`` in rank 1's actor opens Ray's remote pdb and registers
     it in the GCS; we find it as ``ray debug`` does and talk to the pdb socket on 127.0.0.1."""
     (tmp_path / "scores.py").write_text(BATCHED_REWARD)
-    manifest = _manifest(tmp_path, tiny_model, loopback_ray, {"function": "python:scores.py:scores"})
+    manifest = _manifest(tmp_path, tiny_model, ray_cluster.address, {"function": "python:scores.py:scores"})
     run = _start_run(manifest, tmp_path, _env(RAY_DEBUG="legacy"))
     pdb = None
     try:
         run_out = Output(run.stdout)
-        session = _waiting_breakpoint(loopback_ray, "scores.py", run, run_out, timeout=90)
+        session = _waiting_breakpoint(ray_cluster.address, "scores.py", run, run_out, timeout=90)
         host, port = session["pdb_address"].rsplit(":", 1)
         assert host in ("localhost", "127.0.0.1"), session  # not --ray-debugger-external: loopback only
         pdb = PdbSocket(int(port))
@@ -267,12 +204,12 @@ def test_ray_legacy_debugger_attaches_to_a_breakpoint_in_rank_1(loopback_ray, ti
 
 
 @pytest.mark.slow
-def test_rlcore_debug_breakpoint_in_a_reward_worker_of_a_ray_rank(loopback_ray, tiny_model, tmp_path):
+def test_rlcore_debug_breakpoint_in_a_reward_worker_of_a_ray_rank(ray_cluster, tiny_model, tmp_path):
     """A ``python:`` reward runs in a reward worker forked from the rank's actor; rlcore.debug's
     loopback pdb reaches it there, and the reward's 2 s time limit does not kill it while stopped."""
     (tmp_path / "reward.py").write_text(PYTHON_REWARD)
     (tmp_path / "markers").mkdir()
-    manifest = _manifest(tmp_path, tiny_model, loopback_ray,
+    manifest = _manifest(tmp_path, tiny_model, ray_cluster.address,
                          {"function": "python:reward.py:score", "timeout_s": 2}, {"MARKERS": str(tmp_path / "markers")})
     env = _env(RLCORE_DEBUG_DIR=str(tmp_path / "debug"))  # forwarded to the ranks by the launcher
     run = _start_run(manifest, tmp_path, env)
