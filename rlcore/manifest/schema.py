@@ -133,6 +133,11 @@ class RolloutTable(Table):
         "memory, or CUDA IPC on one GPU or the GPUs of one host) or gloo (broadcast over a two-process gloo group)",
     )
     weight_bucket_mb: int = Field(256, ge=1, le=65536, description="the size of one weight bucket sent to a split engine")
+    score_chunks: int = Field(
+        1, ge=1, le=1024,
+        description="generate each step's prompts in this many chunks and score each chunk while the next one "
+        "generates (slow rewards: a sandbox, a judge, a reward model); 1: generate all, then score all",
+    )
 
 
 class RewardTable(Table):

@@ -4,6 +4,7 @@ Every scheduler fills batches this way, in whatever thread it generates in."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import time
 from dataclasses import dataclass, field
@@ -39,13 +40,16 @@ class Filling:
     ``max_rounds`` rounds, until the step holds as many groups as one round's prompts (then pads
     with uniform groups, which teach nothing but keep the batch's size); the soft
     overlong punishment (``overlong_buffer`` tokens before ``max_response_tokens``, down to
-    ``-overlong_factor``) is added to each score first."""
+    ``-overlong_factor``) is added to each score first. ``score_chunks`` above 1 generates a round's
+    prompts in that many chunks and scores each while the next one generates (the reward's
+    workers are other processes, or a reward model's own device), instead of all after all."""
 
     dynamic_sampling: bool = False
     max_rounds: int = 1
     overlong_buffer: int = 0
     overlong_factor: float = 1.0
     max_response_tokens: int = 0
+    score_chunks: int = 1  # generate a round in this many chunks, each scored while the next generates
 
 
 class BatchMaker:
@@ -74,16 +78,11 @@ class BatchMaker:
                 params, wanted = round_params, len(prompts)
             else:  # another round of the same step: other samples
                 round_params = round_params.model_copy(update={"seed": (round_params.seed + 104_729 * round_) % (2**31)})
-            started = time.perf_counter()
-            with phase("gen"):
-                trajectories = generate(prompts, round_params)
-            generated = time.perf_counter()
-            for trajectory in trajectories:
-                trajectory.policy_version = version
-            with phase("reward"):
-                scores, round_metrics = self.scorer.score(trajectories, self.tokenizer)
-            reward_s += time.perf_counter() - generated
-            gen_s += generated - started
+            trajectories, scores, round_metrics, generating, waiting = self._generate_and_score(
+                generate, prompts, round_params, version, phase
+            )
+            gen_s += generating
+            reward_s += waiting
             if f.overlong_buffer:
                 from rlcore.algorithms.shaping import overlong_penalty
 
@@ -121,3 +120,56 @@ class BatchMaker:
             cursor.state(), out,
         )
         return batch, gen_s + reward_s
+
+    def _generate_and_score(self, generate, prompts: list[Prompt], params: SamplingParams, version: int, phase):
+        """One round: ``(trajectories, scores, metrics, generation seconds, seconds waiting for
+        scores after generation)``, the chunks' scores in the trajectories' order."""
+        bounds = _chunk_bounds(len(prompts), self.filling.score_chunks)
+        started = time.perf_counter()
+        if len(bounds) == 1:
+            with phase("gen"):
+                trajectories = generate(prompts, params)
+            generated = time.perf_counter()
+            for trajectory in trajectories:
+                trajectory.policy_version = version
+            with phase("reward"):
+                scores, metrics = self.scorer.score(trajectories, self.tokenizer)
+            return trajectories, scores, metrics, generated - started, time.perf_counter() - generated
+        trajectories, pending = [], []
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlcore-scoring") as scoring:
+            for index, (lo, hi) in enumerate(bounds):
+                # Each chunk its own seed: the same seed twice would repeat the random draws.
+                chunk_params = params if not index or params.seed is None else params.model_copy(
+                    update={"seed": (params.seed + 7_919 * index) % (2**31)})
+                with phase("gen"):
+                    part = generate(prompts[lo:hi], chunk_params)
+                for trajectory in part:
+                    trajectory.policy_version = version
+                trajectories.extend(part)
+                pending.append(scoring.submit(self.scorer.score, part, self.tokenizer))
+            generated = time.perf_counter()
+            with phase("reward"):
+                results = [future.result() for future in pending]
+        scores = [score for chunk_scores, _ in results for score in chunk_scores]
+        return trajectories, scores, _merge_metrics([(m, len(c)) for c, m in results]), generated - started, \
+            time.perf_counter() - generated
+
+
+def _chunk_bounds(prompts: int, chunks: int) -> list[tuple[int, int]]:
+    """``chunks`` nearly equal runs of prompt indices (fewer when there are fewer prompts)."""
+    chunks = max(1, min(chunks, prompts))
+    edges = [round(i * prompts / chunks) for i in range(chunks + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(chunks)]
+
+
+def _merge_metrics(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """The reward metrics of chunks scored apart as one batch's: counts and seconds add up, means
+    are weighted by the chunks' sizes."""
+    from rlcore.trainer.reward_runner import FAILURE_METRICS
+
+    summed = set(FAILURE_METRICS.values()) | {"reward/time_s"}
+    out: dict[str, float] = {}
+    for key in {k for metrics, _ in parts for k in metrics}:
+        have = [(metrics[key], n) for metrics, n in parts if key in metrics]
+        out[key] = sum(v for v, _ in have) if key in summed else sum(v * n for v, n in have) / max(sum(n for _, n in have), 1)
+    return out

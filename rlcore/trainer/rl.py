@@ -186,7 +186,7 @@ class RLTrainer:
         filling = Filling(
             dynamic_sampling=algo.dynamic_sampling, max_rounds=algo.max_generation_rounds,
             overlong_buffer=algo.overlong_buffer, overlong_factor=algo.overlong_penalty,
-            max_response_tokens=self.cfg.data.max_response_tokens,
+            max_response_tokens=self.cfg.data.max_response_tokens, score_chunks=self.cfg.rollout.score_chunks,
         )
         maker = BatchMaker(self.scorer, self.tokenizer, self._step_inputs, filling)
         common = (self.rollout, maker, self.actor.weights_for_engine, self.step, self.cursor)
