@@ -80,3 +80,15 @@ def test_a_violation_reads_as_file_line_module():
     assert str(ImportViolation(Path("p/x.py"), 3, "rlcore.cli", "not part of the plugin API")) == (
         "p/x.py:3: imports rlcore.cli (not part of the plugin API)"
     )
+
+
+def test_the_documented_plugin_api_is_the_checked_one():
+    """docs/architecture.md's table of what a plugin may import lists PLUGIN_API, no more, no less."""
+    import re
+
+    from rlcore.testing.api import PLUGIN_API
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    section = text.split("## The plugin API", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `(rlcore[\w.]*)` \|", section, flags=re.MULTILINE))
+    assert documented == {name.removesuffix(".*") for name in PLUGIN_API}

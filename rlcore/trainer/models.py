@@ -1,12 +1,8 @@
-"""Loads the tokenizer, the actor (optionally with LoRA adapters) and the reference policy.
-
-With LoRA the reference policy is the actor with its adapters disabled, at no extra memory; with
-full fine-tuning it is a frozen copy, loaded only when a KL term needs it.
-"""
+"""Loads the tokenizer and the models: the actor (optionally with LoRA adapters), and the
+frozen copies the reference role (rlcore/trainer/reference.py) and the critic load."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import shutil
@@ -153,28 +149,3 @@ def prepare_actor(lm, model: ModelTable):
         if model.lora is not None:
             lm.enable_input_require_grads()
     return lm
-
-
-class Reference:
-    """Log-probs under the reference policy."""
-
-    def __init__(self, actor, frozen=None):
-        self.actor, self.frozen = actor, frozen
-
-    @contextlib.contextmanager
-    def policy(self):
-        if self.frozen is not None:
-            yield self.frozen
-        else:  # LoRA: the base model is the reference
-            with self.actor.disable_adapter():
-                yield self.actor
-
-
-def build_reference(actor, model: ModelTable, device: str, compute_dtype: str) -> Reference:
-    """The frozen copy is loaded in the compute dtype: it is never updated, so it needs no
-    float32 master."""
-    if model.lora is not None:
-        return Reference(actor)
-    frozen = load_causal_lm(model, device, dtype=compute_dtype)
-    frozen.eval().requires_grad_(False)
-    return Reference(actor, frozen)

@@ -35,6 +35,7 @@ from rlcore.trainer.data_cursor import DataCursor, MixedCursor, shares
 from rlcore.trainer.distributed import Distributed, combine_metrics
 from rlcore.trainer.flops import mfu, peak_tflops
 from rlcore.trainer.phases import MemoryHistory, Timer, profiled
+from rlcore.trainer.reference import build_reference
 from rlcore.trainer.rollout import Rollout
 from rlcore.trainer.filling import BatchMaker, Filling
 from rlcore.trainer.scheduler import Background, Colocated
@@ -106,7 +107,7 @@ class RLTrainer:
         self._check_context()
         self._peak_tflops = peak_tflops(torch.cuda.get_device_name(self.device)) if self.device.startswith("cuda") else None
         self.reference = (
-            models.build_reference(self.actor.module, self.model_cfg, self.device, self.precision.compute)
+            build_reference(self.actor.module, self.model_cfg, self.device, self.precision.compute)
             if cfg.algorithm.kl_coef > 0 else None
         )
         context.model_path, context.gguf_file = self.model_cfg.path, self.model_cfg.gguf_file
