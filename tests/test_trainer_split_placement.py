@@ -192,3 +192,36 @@ def test_one_step_off_policy_with_a_split_engine_stays_in_bound_and_resumes(tmp_
     rows = [r for r in read_metrics(run_dir) if "actor/pg_loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert [r["rollout/staleness/max"] for r in rows[3:]] == [0, 1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs a GPU")
+def test_weights_reach_an_engine_process_on_the_gpu_through_cuda_ipc(tmp_path):
+    """The trainer's CUDA tensors go through one IPC bucket buffer (tensors larger than a bucket
+    split over several) into an engine process on the same GPU: its log-probs are then the
+    perturbed model's, not the saved one's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlcore.registry import Registry
+    from rlcore.trainer.engine_process import EngineProcess
+
+    config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=8192, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(tmp_path / "model")
+    component = Registry.discover().get("rollout_engine", "hf")
+    context = BuildContext(model_path=str(tmp_path / "model"), device="cuda:0", dtype="float32", concurrent=True)
+    engine = EngineProcess(component, component.options(), context, "cuda:0", "shared", bucket_mb=1)
+    try:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.5)
+        model.cuda()
+        assert model.get_input_embeddings().weight.numel() * 4 > 2**21  # several 1 MiB buckets
+        engine.update_weights(list(model.state_dict().items()))
+        params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
+        for prompt, (completion,) in zip(PROMPTS, engine.generate(PROMPTS, params)):
+            want = _teacher_forced(model, prompt, completion.token_ids)
+            assert torch.allclose(torch.tensor(completion.logprobs), want.cpu(), atol=2e-3)
+    finally:
+        engine.close()
