@@ -60,7 +60,7 @@ def _maker(fake, **filling):
 def test_dynamic_sampling_refills_the_batch_with_informative_groups():
     fake = Rounds(informative={1, 2, 3})
     cursor = DataCursor(size=100, seed=0, shuffle=False)
-    batch, _ = _maker(fake, dynamic_sampling=True, max_rounds=5).make(fake.generate, 0, cursor, 0)
+    batch = _maker(fake, dynamic_sampling=True, max_rounds=5).make(fake.generate, 0, cursor, 0)
     # Round 1: prompts 0, 1 (0 is uniform, dropped); round 2: 2, 3 -> 3 groups, 2 wanted.
     assert [p.index for p in batch.prompts] == [1, 2]
     assert len(batch.trajectories) == 4 and batch.scores == [0.0, 1.0, 0.0, 1.0]
@@ -73,7 +73,7 @@ def test_dynamic_sampling_refills_the_batch_with_informative_groups():
 def test_dynamic_sampling_stops_at_its_cap_and_trains_on_what_it_has():
     fake = Rounds(informative={5})
     cursor = DataCursor(size=100, seed=0, shuffle=False)
-    batch, _ = _maker(fake, dynamic_sampling=True, max_rounds=3).make(fake.generate, 0, cursor, 0)
+    batch = _maker(fake, dynamic_sampling=True, max_rounds=3).make(fake.generate, 0, cursor, 0)
     # Three rounds (prompts 0-5), one informative group; the batch keeps its size with a uniform one.
     assert len(fake.calls) == 3 and [p.index for p in batch.prompts] == [5, 0]
     assert batch.metrics["dynamic_sampling/rounds"] == 3 and batch.metrics["dynamic_sampling/groups_dropped"] == 5
@@ -82,7 +82,7 @@ def test_dynamic_sampling_stops_at_its_cap_and_trains_on_what_it_has():
 
 def test_overlong_punishment_is_added_to_the_scores():
     fake = Rounds(informative=set())
-    batch, _ = _maker(fake, overlong_buffer=2, max_response_tokens=4).make(fake.generate, 0, DataCursor(10, 0, False), 0)
+    batch = _maker(fake, overlong_buffer=2, max_response_tokens=4).make(fake.generate, 0, DataCursor(10, 0, False), 0)
     # Responses of 3 and 4 tokens, max 4, buffer 2: penalties -0.5 and -1 on a score of 1.
     assert batch.scores == [0.5, 0.0, 0.5, 0.0]
     assert batch.metrics["reward/overlong_penalty/mean"] == -0.75

@@ -73,7 +73,7 @@ def _maker(chunks: int, clock: Clock, prompts: int = 6):
 def test_each_chunk_is_scored_while_the_next_generates(chunks):
     clock = Clock()
     maker, generate, seeds = _maker(chunks, clock)
-    batch, _ = maker.make(generate, 0, DataCursor(size=6, seed=0, shuffle=False), version=0)
+    batch = maker.make(generate, 0, DataCursor(size=6, seed=0, shuffle=False), version=0)
     # Every trajectory keeps its own prompt's score, in prompt order, whatever the chunking.
     assert [t.prompt.ground_truth for t in batch.trajectories] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
     assert batch.scores == [float(t.prompt.ground_truth) for t in batch.trajectories]

@@ -60,10 +60,10 @@ class BatchMaker:
         self.filling = filling or Filling()
 
     def make(self, generate, step: int, cursor: DataCursor, version: int,
-             phase: Callable[[str], Any] = lambda name: contextlib.nullcontext()) -> tuple[ScoredBatch, float]:
-        """``(batch, seconds spent generating and scoring)``; ``cursor`` advances past every round's
-        prompts. ``phase(name)`` wraps generation and scoring (the trainer's timer: labels, memory,
-        out-of-memory messages)."""
+             phase: Callable[[str], Any] = lambda name: contextlib.nullcontext()) -> ScoredBatch:
+        """The step's scored batch (its metrics hold ``timing_s/gen`` and ``timing_s/reward``);
+        ``cursor`` advances past every round's prompts. ``phase(name)`` wraps generation and
+        scoring (the trainer's timer: labels, memory, out-of-memory messages)."""
         f = self.filling
         rounds = f.max_rounds if f.dynamic_sampling else 1
         kept: list[tuple[Prompt, list[Trajectory], list[float]]] = []
@@ -119,7 +119,7 @@ class BatchMaker:
             step, [p for p, _, _ in kept], params, [t for _, ts, _ in kept for t in ts], [s for _, _, ss in kept for s in ss],
             cursor.state(), out,
         )
-        return batch, gen_s + reward_s
+        return batch
 
     def _generate_and_score(self, generate, prompts: list[Prompt], params: SamplingParams, version: int, phase):
         """One round: ``(trajectories, scores, metrics, generation seconds, seconds waiting for

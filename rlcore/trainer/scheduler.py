@@ -33,7 +33,7 @@ class Colocated:
 
     def next_batch(self, timer) -> ScoredBatch:
         """Generate with the current weights, then score."""
-        batch, _ = self.maker.make(self.rollout.generate, self.step, self.cursor, self.step, phase=timer.phase)
+        batch = self.maker.make(self.rollout.generate, self.step, self.cursor, self.step, phase=timer.phase)
         self.step += 1
         return batch
 
@@ -174,7 +174,8 @@ class Background:
             busy = 0.0
             try:
                 self._load(self._version_for(step))
-                result, busy = self.maker.make(self.rollout.generate_concurrently, step, self.cursor, self._engine_version)
+                result = self.maker.make(self.rollout.generate_concurrently, step, self.cursor, self._engine_version)
+                busy = result.metrics["timing_s/gen"] + result.metrics["timing_s/reward"]
             except BaseException as exc:  # noqa: BLE001 - handed to the trainer, which raises it
                 result = exc
             with self._changed:
