@@ -69,3 +69,14 @@ def test_prompt_and_response_longer_than_the_context_are_refused_at_start_up(tmp
     _assert_clean(proc, 2, "manifest.toml", "max_prompt_tokens = 2000 + max_response_tokens = 100 = 2100 tokens",
                   "context of 2048 positions")
 
+
+
+def test_prompts_that_do_not_divide_among_ranks_and_mini_batches_name_both_keys(tmp_path, tiny_model):
+    from rlcore.errors import UsageError
+    from rlcore.manifest.loader import load_manifest
+    from rlcore.trainer.startup_checks import batch_divides
+
+    manifest = load_manifest(write_run_manifest(tmp_path, tiny_model, data={"prompts_per_step": 6}, algorithm={"mini_batches": 2}))
+    batch_divides(manifest, world=1)  # 6 = 1 x 2 x 3
+    with pytest.raises(UsageError, match=r"manifest.toml: \[data\] prompts_per_step = 6 .* ranks \(2\) times \[algorithm\] mini_batches \(2\)"):
+        batch_divides(manifest, world=2)

@@ -26,7 +26,7 @@ from rlcore.algorithms.importance import mismatch_metrics, mismatch_sums
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import AdvantageInput, BuildContext, Prompt, SamplingParams, Trajectory
 from rlcore.manifest.loader import ResolvedManifest
-from rlcore.trainer import models, precision
+from rlcore.trainer import models, precision, startup_checks
 from rlcore.trainer.actor import Actor
 from rlcore.trainer.batch import RolloutBatch, build_batch
 from rlcore.trainer.batching import Batching
@@ -77,11 +77,7 @@ class RLTrainer:
         self.dist = Distributed.from_env(self.device, shard_one=cfg.trainer.fsdp_offload)
         if self.device == "cuda":
             self.device = f"cuda:{self.dist.local_rank}"
-        if cfg.data.prompts_per_step % (self.dist.world * cfg.algorithm.mini_batches):
-            raise RlcoreError(
-                f"data.prompts_per_step = {cfg.data.prompts_per_step} must be divisible by the number of ranks "
-                f"({self.dist.world}) times algorithm.mini_batches ({cfg.algorithm.mini_batches})"
-            )
+        startup_checks.batch_divides(self.manifest, self.dist.world)
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         if cfg.run.deterministic:
@@ -104,7 +100,7 @@ class RLTrainer:
         self.tokenizer = models.load_tokenizer(self.model_cfg)
         self.batching = Batching(self.dist, self.device, cfg.trainer.micro_batch_tokens, cfg.algorithm.mini_batches)
         self.actor = Actor(cfg, self.model_cfg, self.precision, self.dist, self.device, self.batching, checkpoint)
-        self._check_context()
+        startup_checks.context_fits(self.manifest, self.actor.module)
         self._peak_tflops = peak_tflops(torch.cuda.get_device_name(self.device)) if self.device.startswith("cuda") else None
         self.reference = (
             build_reference(self.actor.module, self.model_cfg, self.device, self.precision.compute)
@@ -118,7 +114,7 @@ class RLTrainer:
             from rlcore.trainer.critic import Critic
 
             self.critic = Critic(cfg, self.model_cfg, self.precision, self.dist, self.device, self.batching)
-            self._check_critic_vocabulary()
+            startup_checks.critic_vocabulary(self.manifest, self.critic.module, self.tokenizer)
 
         context.tools = {s.role.split(".", 1)[1]: s.component.build(s.options, context) for s in self.manifest.roles("tools")}
         engine = self._engine(context)
@@ -156,29 +152,6 @@ class RLTrainer:
         self.scheduler = self._scheduler(engine)
         context.total_steps = cfg.trainer.steps  # known now, also under total_epochs
         self.sinks = [s.component.build(s.options, context) for s in self.manifest.roles("loggers")] if self.dist.is_main else []
-
-    def _check_critic_vocabulary(self) -> None:
-        """A critic of its own ([critic] path) reads the actor's token ids: its embeddings must cover them."""
-        config = getattr(getattr(self.critic.module, "backbone", None), "config", None)
-        size = getattr(config, "vocab_size", None)
-        if self.cfg.critic.path and isinstance(size, int) and size < len(self.tokenizer):
-            raise UsageError(
-                f"{self.manifest.path}: [critic] path = {self.cfg.critic.path} has a vocabulary of {size} tokens, fewer "
-                f"than the actor's tokenizer ({len(self.tokenizer)}): a critic must share the actor's tokenizer"
-            )
-
-    def _check_context(self) -> None:
-        """Refuse at start-up what would crash mid-run (and again at every resume): a prompt and its
-        response together longer than the model's positions."""
-        d = self.cfg.data
-        positions = getattr(self.actor.module.config, "max_position_embeddings", None)
-        if isinstance(positions, int) and d.max_prompt_tokens + d.max_response_tokens > positions:
-            raise UsageError(
-                f"{self.manifest.path}: [data] max_prompt_tokens = {d.max_prompt_tokens} + max_response_tokens = "
-                f"{d.max_response_tokens} = {d.max_prompt_tokens + d.max_response_tokens} tokens, more than the model's "
-                f"context of {positions} positions (max_position_embeddings of {self.cfg.model.path}); lower them so "
-                f"that they add up to {positions} at most"
-            )
 
     def _scheduler(self, engine):
         """Rollout and training take turns, or rollouts run in the background ([rollout] max_staleness)."""
