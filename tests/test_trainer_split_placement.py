@@ -225,3 +225,23 @@ def test_weights_reach_an_engine_process_on_the_gpu_through_cuda_ipc(tmp_path):
             assert torch.allclose(torch.tensor(completion.logprobs), want.cpu(), atol=2e-3)
     finally:
         engine.close()
+
+
+def test_each_rank_gets_its_engine_device(tmp_path, tiny_model):
+    from types import SimpleNamespace
+
+    from rlcore.trainer.rl import RLTrainer
+
+    def device_for(engine_device, world=1, local_rank=0, device="cuda:0"):
+        manifest = load_manifest(write_run_manifest(tmp_path, tiny_model, rollout={"placement": "split", "engine_device": engine_device}))
+        trainer = SimpleNamespace(cfg=manifest.core, manifest=manifest, device=device,
+                                  dist=SimpleNamespace(world=world, local_rank=local_rank))
+        return RLTrainer._engine_device(trainer)
+
+    assert device_for(None, world=2, local_rank=1, device="cuda:1") == "cuda:1"  # the rank's own
+    assert device_for("cuda:1") == "cuda:1"
+    assert device_for(["cuda:4", "cuda:5"], world=2, local_rank=1) == "cuda:5"
+    with pytest.raises(UsageError, match="every rank's engine on one GPU"):
+        device_for("cuda:1", world=2)
+    with pytest.raises(UsageError, match=r"lists 1 device\(s\), and local rank 1 needs one"):
+        device_for(["cuda:4"], world=2, local_rank=1)

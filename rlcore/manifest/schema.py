@@ -124,8 +124,10 @@ class RolloutTable(Table):
         "buckets after every update; with max_staleness it generates while the trainer trains, in parallel rather "
         'than in a thread. "colocated": in the trainer\'s process',
     )
-    engine_device: str | None = Field(
-        None, description='where a split engine runs ("cpu", "cuda:1"); default: the trainer\'s device'
+    engine_device: str | list[str] | None = Field(
+        None,
+        description='where a split engine runs ("cpu", "cuda:1"), or one device per local rank ("cuda:4", '
+        '"cuda:5", ...: each training rank drives its own engine); default: each rank\'s own device',
     )
     weight_transport: Literal["shared", "gloo"] = Field(
         "shared",

@@ -174,11 +174,6 @@ class RLTrainer:
                 f"{self.manifest.path}: [rollout] max_staleness: the {name!r} engine shares the actor's module, so it "
                 "cannot generate while the trainer trains; use an engine that holds its own weights"
             )
-        if self.dist.enabled:
-            raise UsageError(
-                f"{self.manifest.path}: [rollout] max_staleness: background rollouts run with one training rank for "
-                f"now; remove it or train on one rank (this run has {self.dist.world})"
-            )
         logger.info(
             "rollouts in the background, at most {} step(s) behind the trainer; rollout_correction = {}",
             staleness, self.cfg.algorithm.rollout_correction,
@@ -196,21 +191,38 @@ class RLTrainer:
         r = self.cfg.rollout
         if r.placement == "colocated":
             return self._build("rollout.engine", context)
-        if self.dist.world > 1:
-            raise UsageError(
-                f'{self.manifest.path}: [rollout] placement = "split" runs with one training rank for now (this run has '
-                f'{self.dist.world}); remove it, or train on one rank'
-            )
         from rlcore.trainer.engine_process import EngineProcess
 
         selected = self.manifest.component("rollout.engine")
-        device = r.engine_device or self.device
+        device = self._engine_device()
         logger.info("rollout engine {!r} in its own process on {} (weights by {}, {} MiB buckets)",
                     selected.component.name, device, r.weight_transport, r.weight_bucket_mb)
         child = dataclasses.replace(context, actor=None, tools={}, concurrent=True, device=device)
         self.engine_process = EngineProcess(selected.component, selected.options, child, self.device,
                                             r.weight_transport, r.weight_bucket_mb)
         return self.engine_process
+
+    def _engine_device(self) -> str:
+        """Where this rank's split engine runs: ``engine_device``, one device per local rank when it
+        is a list, else the rank's own device. Each rank drives its own engine (data-parallel
+        rollout), as engines holding their own weights do with several ranks."""
+        wanted = self.cfg.rollout.engine_device
+        if wanted is None:
+            return self.device
+        if isinstance(wanted, str):
+            if self.dist.world > 1 and wanted.startswith("cuda"):
+                raise UsageError(
+                    f"{self.manifest.path}: [rollout] engine_device = {wanted!r} would put every rank's engine on one "
+                    "GPU; give one device per local rank (engine_device = [\"cuda:4\", \"cuda:5\", ...]) or leave "
+                    "it out (each engine on its rank's GPU)"
+                )
+            return wanted
+        if self.dist.local_rank >= len(wanted):
+            raise UsageError(
+                f"{self.manifest.path}: [rollout] engine_device lists {len(wanted)} device(s), and local rank "
+                f"{self.dist.local_rank} needs one; list one per rank on a node"
+            )
+        return wanted[self.dist.local_rank]
 
     def _reward(self, context: BuildContext):
         """``[reward] function``, or a router over ``[reward.routes]`` (with it as the default)."""
