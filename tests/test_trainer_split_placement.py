@@ -245,3 +245,12 @@ def test_each_rank_gets_its_engine_device(tmp_path, tiny_model):
         device_for("cuda:1", world=2)
     with pytest.raises(UsageError, match=r"lists 1 device\(s\), and local rank 1 needs one"):
         device_for(["cuda:4"], world=2, local_rank=1)
+
+
+def test_an_engine_whose_factory_cannot_travel_is_refused_by_name(tmp_path, tiny_model):
+    from rlcore.components import Component
+    from rlcore.trainer.engine_process import EngineProcess, EngineProcessError
+
+    local = Component("inline", lambda options, context: None)  # a lambda: no name to import it by
+    with pytest.raises(EngineProcessError, match="'inline' cannot be sent to a process of its own"):
+        EngineProcess(local, None, BuildContext(device="cpu"), "cpu")

@@ -96,6 +96,13 @@ class EngineProcess:
         self.pid = self._process.pid
         try:  # through the pipe, not the start-up arguments: a child that dies starting is then noticed
             self._conn.send((component, options, context))
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            self.close()
+            raise EngineProcessError(
+                f"rollout engine {getattr(component, 'name', component)!r} cannot be sent to a process of its own "
+                f"([rollout] placement = \"split\"): {exc}; its factory and options must be importable by name "
+                "(\"package.module:function\"), as entry points register them"
+            ) from None
         except (BrokenPipeError, EOFError, OSError):
             self._process.join(timeout=10)
             raise EngineProcessError(
