@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -27,6 +24,7 @@ pytest.importorskip("ray")
 pytest.importorskip("torch")
 
 from rlcore.testing import require_plugins  # noqa: E402
+from rlcore.testing.debugging import BREAKPOINT_REWARD, DebugClient, Output, kill_group  # noqa: E402
 from rlcore.testing.runs import TINY_RUN, deep_update, train_rows  # noqa: E402
 
 require_plugins("rlcore_rollout_hf", "rlcore_algo_grpo")
@@ -53,52 +51,6 @@ class Scores:
 
 scores = Scores()
 '''
-
-PYTHON_REWARD = '''
-import os
-
-from rlcore.debug import breakpoint
-
-
-def score(data_source, solution_str, ground_truth, extra_info=None):
-    secret = f"rank{os.environ['RANK']}-answer{ground_truth}"
-    marker = os.path.join(os.environ["MARKERS"], "stopped-rank" + os.environ["RANK"])
-    try:  # stop once per rank (the reward runs in several worker processes)
-        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
-        first = True
-    except FileExistsError:
-        first = False
-    if first:
-        breakpoint(rank=1)
-    return float(len(solution_str) % 3)
-'''
-
-
-class Output:
-    """A process's output, read in a thread, so the test can wait for text with a deadline."""
-
-    def __init__(self, stream) -> None:
-        self.chunks: queue.Queue[str] = queue.Queue()
-        self.text = ""
-
-        def pump() -> None:
-            while chunk := stream.read(1):
-                self.chunks.put(chunk)
-
-        threading.Thread(target=pump, daemon=True).start()
-
-    def until(self, pattern: str, timeout: float, start: int = 0) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while not (found := re.compile(pattern).search(self.text, start)):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError(f"{pattern!r} not seen within {timeout:g} s; got:\n{self.text[-4000:]}")
-            try:
-                self.text += self.chunks.get(timeout=min(remaining, 1.0))
-            except queue.Empty:
-                continue
-        return found
-
 
 def _waiting_breakpoint(address: str, filename: str, run: subprocess.Popen, run_out: Output, timeout: float) -> dict:
     """What ``ray debug`` lists: the RAY_PDB_* entries of the GCS's KV (ray/util/rpdb.py writes one
@@ -164,12 +116,6 @@ def _start_run(manifest: Path, tmp_path: Path, env: dict) -> subprocess.Popen:
     )
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, 9)
-        proc.wait(10)
-
-
 def _env(**extra: str) -> dict:
     """The run's environment: this one (with conftest.py's LOOPBACK_ENV) and ``extra``."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_DEBUG", "RLCORE_DEBUG_RANK")}
@@ -198,7 +144,7 @@ def test_ray_legacy_debugger_attaches_to_a_breakpoint_in_rank_1(ray_cluster, tin
     finally:
         if pdb is not None:
             pdb.sock.close()
-        _kill(run)
+        kill_group(run)
     rows = train_rows(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2]
 
@@ -207,32 +153,24 @@ def test_ray_legacy_debugger_attaches_to_a_breakpoint_in_rank_1(ray_cluster, tin
 def test_rlcore_debug_breakpoint_in_a_reward_worker_of_a_ray_rank(ray_cluster, tiny_model, tmp_path):
     """A ``python:`` reward runs in a reward worker forked from the rank's actor; rlcore.debug's
     loopback pdb reaches it there, and the reward's 2 s time limit does not kill it while stopped."""
-    (tmp_path / "reward.py").write_text(PYTHON_REWARD)
+    (tmp_path / "reward.py").write_text(BREAKPOINT_REWARD)
     (tmp_path / "markers").mkdir()
     manifest = _manifest(tmp_path, tiny_model, ray_cluster.address,
                          {"function": "python:reward.py:score", "timeout_s": 2}, {"MARKERS": str(tmp_path / "markers")})
     env = _env(RLCORE_DEBUG_DIR=str(tmp_path / "debug"))  # forwarded to the ranks by the launcher
     run = _start_run(manifest, tmp_path, env)
-    client = subprocess.Popen(
-        [sys.executable, "-m", "rlcore.debug", "--wait", "120"], env=env, stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
-    )
+    client = DebugClient(env, wait_s=120)
     try:
-        run_out, out = Output(run.stdout), Output(client.stdout)
-        at = out.until(r"\(Pdb\) ", 120).end()
-        assert "rank 1" in out.text and "reward.py" in out.text
-        client.stdin.write("p secret\n")
-        client.stdin.flush()
-        found = out.until(r"\(Pdb\) ", 30, at)
-        assert "'rank1-answer" in out.text[at:found.end()], out.text[-2000:]
+        run_out = Output(run.stdout)
+        where = client.prompt(120)
+        assert "rank 1" in where and "reward.py" in where
+        assert "'rank1-answer" in client.ask("p secret"), client.out.text[-2000:]
         time.sleep(3)  # past the reward's time limit
-        client.stdin.write("c\n")
-        client.stdin.flush()
-        assert client.wait(30) == 0, out.text[-2000:]
+        assert client.go_on() == 0, client.out.text[-2000:]
         assert run.wait(120) == 0, run_out.text[-3000:]
     finally:
-        _kill(run)
-        _kill(client)
+        kill_group(run)
+        client.kill()
     rows = train_rows(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["reward/timeouts"] == 0 for r in rows), rows
