@@ -112,9 +112,10 @@ def test_two_ranks_mixed_precision_match_one_rank(tmp_path, tiny_model):
 @pytest.mark.slow
 @pytest.mark.parametrize("rollout", [
     {"share_actor": False},
-    {"placement": "split", "weight_bucket_mb": 1},  # each rank's engine in a process of its own
-    {"placement": "split", "max_staleness": 1},  # ... generating in the background, one step behind
-], ids=["own-weights", "split", "split-one-step-off"])
+    # Each rank's engine in a process of its own, generating in the background one step behind
+    # (synchronous split engines are compared with in-process ones in test_trainer_split_placement.py).
+    {"placement": "split", "max_staleness": 1, "weight_bucket_mb": 1},
+], ids=["own-weights", "split-one-step-off"])
 def test_two_ranks_with_engines_holding_their_own_weights_match_one_rank(tmp_path, tiny_model, rollout):
     """Each rank drives its own engine (data-parallel rollout), as vLLM or SGLang would: the hf
     engine with share_actor = false stands in, receiving weights gathered from the FSDP shards
