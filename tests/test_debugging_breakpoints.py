@@ -8,11 +8,10 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
-from rlcore.testing.debugging import BREAKPOINT_REWARD, DebugClient, Output, kill_group
+from rlcore.testing.debugging import BREAKPOINT_REWARD, DebugClient, Output, continue_from_rank_1, kill_group
 from rlcore.testing.runs import train_rows, write_run_manifest
 
 
@@ -47,13 +46,7 @@ def test_breakpoint_on_rank_1_of_two_torchrun_ranks(tmp_path, tiny_model):
         # The rank says where it stopped, and how to attach.
         run_out.until(r"rlcore\.debug: rank 1 \(pid", 90)
         assert "rlcore.debug: rank 0" not in run_out.text
-        where = client.prompt(30)
-        assert "rank 1" in where and "reward.py" in where
-        assert "'rank1-answer" in client.ask("p secret"), client.out.text
-        assert "'1'" in client.ask("p os.environ['RANK']")
-        time.sleep(3)  # past the reward's 2 s time limit: a stopped worker is not killed
-        assert client.go_on() == 0, client.out.text  # the session ended: the client exits on its own
-        assert run.wait(120) == 0, run_out.text[-3000:]
+        continue_from_rank_1(client, run, run_out, attach_s=30, also=(("p os.environ['RANK']", "'1'"),))
     finally:
         kill_group(run)
         client.kill()

@@ -102,3 +102,19 @@ class DebugClient:
 
     def kill(self) -> None:
         kill_group(self.proc)
+
+
+def continue_from_rank_1(client: DebugClient, run: subprocess.Popen, run_out: Output, *, attach_s: float,
+                         also: tuple[tuple[str, str], ...] = ()) -> None:
+    """The session :data:`BREAKPOINT_REWARD` opens, checked: stopped in rank 1's ``reward.py``,
+    ``secret`` holds rank 1's value (and each ``(command, expected text)`` of ``also`` answers
+    so), a wait past the reward's 2 s time limit does not kill the stopped worker, ``c`` ends the
+    session (the client exits on its own) and the run completes."""
+    where = client.prompt(attach_s)
+    assert "rank 1" in where and "reward.py" in where, where
+    assert "'rank1-answer" in client.ask("p secret"), client.out.text[-2000:]
+    for command, expected in also:
+        assert expected in client.ask(command), client.out.text[-2000:]
+    time.sleep(3)
+    assert client.go_on() == 0, client.out.text[-2000:]
+    assert run.wait(120) == 0, run_out.text[-3000:]

@@ -24,7 +24,7 @@ pytest.importorskip("ray")
 pytest.importorskip("torch")
 
 from rlcore.testing import require_plugins  # noqa: E402
-from rlcore.testing.debugging import BREAKPOINT_REWARD, DebugClient, Output, kill_group  # noqa: E402
+from rlcore.testing.debugging import BREAKPOINT_REWARD, DebugClient, Output, continue_from_rank_1, kill_group  # noqa: E402
 from rlcore.testing.runs import TINY_RUN, deep_update, train_rows  # noqa: E402
 
 require_plugins("rlcore_rollout_hf", "rlcore_algo_grpo")
@@ -162,12 +162,7 @@ def test_rlcore_debug_breakpoint_in_a_reward_worker_of_a_ray_rank(ray_cluster, t
     client = DebugClient(env, wait_s=120)
     try:
         run_out = Output(run.stdout)
-        where = client.prompt(120)
-        assert "rank 1" in where and "reward.py" in where
-        assert "'rank1-answer" in client.ask("p secret"), client.out.text[-2000:]
-        time.sleep(3)  # past the reward's time limit
-        assert client.go_on() == 0, client.out.text[-2000:]
-        assert run.wait(120) == 0, run_out.text[-3000:]
+        continue_from_rank_1(client, run, run_out, attach_s=120)
     finally:
         kill_group(run)
         client.kill()
