@@ -68,7 +68,8 @@ def G(response, truth):
 def test_gsm8k_conforms(registry):
     c = registry.get("reward_function", "gsm8k")
     check_reward_function(c, cases=[(G("... #### 42", "42"), 1.0), (G("... #### 41", "42"), 0.0), (G("42", "42"), 0.0)])
-    check_reward_function(c, options={"method": "flexible"}, cases=[(G("so 42.", "42"), 1.0), (G("41", "42"), 0.0)])
+    check_reward_function(c, options={"method": "numeric"}, cases=[(G("so 42.", "42"), 1.0), (G("41", "42"), 0.0)])
+    check_reward_function(c, options={"method": "flexible"}, cases=[(G("so 42.", "42"), 0.0), (G("so 42", "42"), 1.0)])
 
 
 def test_math_conforms(registry):

@@ -15,7 +15,7 @@ def rlcore_reward_functions():
             name="gsm8k",
             factory="rlcore_reward_rule.gsm8k:build",
             options=GSM8KOptions,
-            description='GSM8K: the number after "####" (strict) or the last number (flexible) equals the answer',
+            description='GSM8K: the number after "####" (strict) or the last number (flexible, numeric) equals the answer',
         ),
         Component(
             name="math",
