@@ -36,6 +36,18 @@ class MathOptions(Options):
     )
 
 
+class MathDapoOptions(Options):
+    strict_box_verify: bool = Field(
+        False,
+        description='verl\'s strict mode: the last \\boxed{...} of the last 100 characters, equal to the ground truth '
+        'as written; default: the text after the last "Answer:", normalised as Minerva does',
+    )
+    correct_score: float = Field(1.0, ge=-100.0, le=100.0, description="score of a correct answer (verl: 1)")
+    incorrect_score: float = Field(
+        -1.0, ge=-100.0, le=100.0, description="score of a wrong or missing answer (verl: -1)"
+    )
+
+
 class ExactMatchOptions(Options):
     case_sensitive: bool = Field(False, description="compare letter case too")
     strip: bool = Field(True, description="ignore leading and trailing whitespace")

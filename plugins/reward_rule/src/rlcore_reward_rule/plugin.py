@@ -5,7 +5,7 @@ from __future__ import annotations
 import rlcore
 from rlcore.components import Component
 
-from rlcore_reward_rule.options import ExactMatchOptions, FormatOptions, GSM8KOptions, MathOptions
+from rlcore_reward_rule.options import ExactMatchOptions, FormatOptions, GSM8KOptions, MathDapoOptions, MathOptions
 
 
 @rlcore.hookimpl
@@ -22,6 +22,12 @@ def rlcore_reward_functions():
             factory="rlcore_reward_rule.math_answer:build",
             options=MathOptions,
             description="the last \\boxed{...} answer is equivalent to the ground truth",
+        ),
+        Component(
+            name="math_dapo",
+            factory="rlcore_reward_rule.math_dapo:build",
+            options=MathDapoOptions,
+            description='verl\'s DAPO scorer: the text after the last "Answer:", Minerva-normalised, scores +1 or -1',
         ),
         Component(
             name="exact_match",
