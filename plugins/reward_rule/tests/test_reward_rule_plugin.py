@@ -47,7 +47,7 @@ def test_entry_point_is_declared_and_installed():
     eps = [ep for ep in entry_points(group="rlcore") if ep.name == "reward_rule"]
     assert eps and eps[0].value == "rlcore_reward_rule.plugin"
     found = Registry.discover().components("reward_function")
-    assert {"gsm8k", "math", "math_dapo", "exact_match", "format"} <= set(found)
+    assert {"gsm8k", "math", "math_dapo", "verl", "exact_match", "format"} <= set(found)
     assert found["gsm8k"].distribution == "rlcore-reward-rule"
 
 
@@ -83,6 +83,11 @@ def test_math_dapo_conforms(registry):
     c = registry.get("reward_function", "math_dapo")
     check_reward_function(c, cases=[(G("Answer: 42", "42"), 1.0), (G("Answer: 41", "42"), -1.0), (G("42", "42"), -1.0)])
     check_reward_function(c, options={"strict_box_verify": True}, cases=[(G("\\boxed{42}", "42"), 1.0)])
+
+
+def test_verl_conforms(registry):
+    c = registry.get("reward_function", "verl")
+    check_reward_function(c, cases=[(G("... #### 42", "42"), 1.0), (G("the answer is 42", "42"), 0.0)])
 
 
 def test_exact_match_conforms(registry):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import rlcore
-from rlcore.components import Component
+from rlcore.components import Component, NoOptions
 
 from rlcore_reward_rule.options import ExactMatchOptions, FormatOptions, GSM8KOptions, MathDapoOptions, MathOptions
 
@@ -28,6 +28,12 @@ def rlcore_reward_functions():
             factory="rlcore_reward_rule.math_dapo:build",
             options=MathDapoOptions,
             description='verl\'s DAPO scorer: the text after the last "Answer:", Minerva-normalised, scores +1 or -1',
+        ),
+        Component(
+            name="verl",
+            factory="rlcore_reward_rule.verl_default:build",
+            options=NoOptions,
+            description="verl's default scorer: each row by the scorer verl picks for its data_source (gsm8k, math, math_dapo)",
         ),
         Component(
             name="exact_match",
