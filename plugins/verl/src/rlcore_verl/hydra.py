@@ -162,10 +162,10 @@ class _ValueParser:
 
     def primitive(self, top: bool) -> Any:
         text = self.bare_until("" if top else ",]}").strip()
-        if top and "," in text and "${" not in text:
-            raise OverrideError(f"{text!r} is a sweep over several values (Hydra's multirun); give one value")
         if re.fullmatch(r"\w+\(.*\)", text):
             raise OverrideError(f"{text!r} is a Hydra sweep function; give one value")
+        if top and "," in text and "${" not in text:
+            raise OverrideError(f"{text!r} is a sweep over several values (Hydra's multirun); give one value")
         return convert_primitive(text)
 
 

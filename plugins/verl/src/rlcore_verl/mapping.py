@@ -16,7 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from rlcore.errors import UsageError
+
 from rlcore_verl.config import VerlConfig
+
+_REQUIRED = object()
 
 # ----------------------------------------------------------------------------- the result
 
@@ -80,6 +84,40 @@ class Conversion:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.cfg.get(key, default)
+
+    def int(self, key: str, default: Any = _REQUIRED) -> int:
+        return self._number(key, int, default)
+
+    def float(self, key: str, default: Any = _REQUIRED) -> float:
+        return self._number(key, float, default)
+
+    def numbers(self, key: str, kind: type) -> list:
+        """``key``'s list of numbers (betas, profiler steps); a located error otherwise."""
+        values = as_list(self.cfg.get(key))
+        try:
+            if any(isinstance(v, bool) for v in values):
+                raise ValueError
+            return [kind(v) for v in values]
+        except (TypeError, ValueError):
+            where = self.cfg.origin(key) or "verl's default"
+            raise UsageError(f"{where}: {key} = {self.cfg.get(key)!r}: expected a list of numbers") from None
+
+    def _number(self, key: str, kind: type, default: Any) -> Any:
+        """``key``'s value as ``kind``; ``default`` when it is null; a located error when it is not a number."""
+        value = self.cfg.get(key)
+        if value is None and default is not _REQUIRED:
+            return default
+        try:
+            if isinstance(value, bool) or value is None:
+                raise ValueError
+            number = kind(value)
+            if kind is int and isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return number
+        except (TypeError, ValueError):
+            where = self.cfg.origin(key) or "verl's default"
+            what = "an integer" if kind is int else "a number"
+            raise UsageError(f"{where}: {key} = {value!r}: expected {what}") from None
 
     def given(self, key: str) -> bool:
         return self.cfg.given(key)
@@ -157,11 +195,11 @@ def model(c: Conversion) -> None:
               note="auto: bfloat16 on CUDA over float32 masters" if compute[dtype] == "auto" else "")
     else:
         c.skip(A + "fsdp_config.dtype", f"{dtype!r}: rlcore computes in bfloat16 or float32", essential=True)
-    rank = int(c.get(M + "lora_rank") or 0)
+    rank = c.int(M + "lora_rank", 0)
     c.use(M + "lora_rank")
     if rank > 0:
         c.put("model.lora", "rank", rank, M + "lora_rank")
-        c.put("model.lora", "alpha", float(c.get(M + "lora_alpha")), M + "lora_alpha")
+        c.put("model.lora", "alpha", c.float(M + "lora_alpha"), M + "lora_alpha")
         modules = c.get(M + "target_modules")
         if isinstance(modules, str) and modules != "all-linear":
             modules = [m.strip() for m in modules.split(",") if m.strip()]
@@ -209,13 +247,13 @@ def data(c: Conversion) -> None:
             c.use(verl_key)
         if rlcore_key == "train" and not c.given(verl_key) and len(files) == 1:
             c.skip(verl_key, f"not set: verl's default {files[0]!r} is written", always=True)
-    c.put("data", "prompts_per_step", int(c.get("data.train_batch_size")), "data.train_batch_size")
-    c.put("data", "max_prompt_tokens", int(c.get("data.max_prompt_length")), "data.max_prompt_length")
-    c.put("data", "max_response_tokens", int(c.get("data.max_response_length")), "data.max_response_length")
+    c.put("data", "prompts_per_step", c.int("data.train_batch_size"), "data.train_batch_size")
+    c.put("data", "max_prompt_tokens", c.int("data.max_prompt_length"), "data.max_prompt_length")
+    c.put("data", "max_response_tokens", c.int("data.max_response_length"), "data.max_response_length")
     c.put("data", "prompt_key", c.get("data.prompt_key"), "data.prompt_key")
     c.put("data", "shuffle", as_bool(c.get("data.shuffle")), "data.shuffle")
     if c.get("data.seed") is not None:
-        c.put("run", "seed", int(c.get("data.seed")), "data.seed")
+        c.put("run", "seed", c.int("data.seed"), "data.seed")
     else:
         c.use("data.seed")
     kwargs = c.cfg.table("data.apply_chat_template_kwargs")
@@ -223,12 +261,12 @@ def data(c: Conversion) -> None:
     if kwargs:
         c.put("data", "chat_template_kwargs", kwargs, "data.apply_chat_template_kwargs",
               *[f"data.apply_chat_template_kwargs.{k}" for k in kwargs if c.given(f"data.apply_chat_template_kwargs.{k}")])
-    limit = int(c.get("data.val_max_samples") or -1)
+    limit = c.int("data.val_max_samples", -1)
     if limit > 0:
         c.put("data", "val_max_prompts", limit, "data.val_max_samples")
     else:
         c.use("data.val_max_samples")
-    if int(c.get("data.train_max_samples") or -1) > 0:
+    if c.int("data.train_max_samples", -1) > 0:
         c.skip("data.train_max_samples", "rlcore trains on every usable row of data.train; cut the file instead",
                essential=True)
     else:
@@ -259,7 +297,7 @@ def data(c: Conversion) -> None:
 def trainer_length(c: Conversion) -> None:
     steps = c.get("trainer.total_training_steps")
     if steps not in (None, -1):
-        c.put("trainer", "steps", int(steps), "trainer.total_training_steps")
+        c.put("trainer", "steps", c.int("trainer.total_training_steps"), "trainer.total_training_steps")
         c.use("trainer.total_epochs")
     else:
         c.put("trainer", "total_epochs", c.get("trainer.total_epochs"), "trainer.total_epochs")
@@ -269,12 +307,12 @@ def trainer_length(c: Conversion) -> None:
 @rule
 def optimiser(c: Conversion) -> None:
     o = A + "optim."
-    c.put("trainer", "lr", float(c.get(o + "lr")), o + "lr")
-    c.put("trainer", "weight_decay", float(c.get(o + "weight_decay")), o + "weight_decay")
-    c.put("trainer", "betas", [float(b) for b in as_list(c.get(o + "betas"))], o + "betas")
+    c.put("trainer", "lr", c.float(o + "lr"), o + "lr")
+    c.put("trainer", "weight_decay", c.float(o + "weight_decay"), o + "weight_decay")
+    c.put("trainer", "betas", c.numbers(o + "betas", float), o + "betas")
     # verl has both actor.grad_clip (read by the FSDP actor) and optim.clip_grad (the new engine's).
     clip_key = o + "clip_grad" if c.given(o + "clip_grad") and not c.given(A + "grad_clip") else A + "grad_clip"
-    c.put("trainer", "grad_clip", float(c.get(clip_key)), clip_key)
+    c.put("trainer", "grad_clip", c.float(clip_key), clip_key)
     c.use(o + "clip_grad", A + "grad_clip")
     c.put("trainer", "warmup_steps", warmup_steps(c, o), o + "lr_warmup_steps", o + "lr_warmup_steps_ratio")
     schedule = c.get(o + "warmup_style") or c.get(o + "lr_scheduler_type")
@@ -295,10 +333,10 @@ def optimiser(c: Conversion) -> None:
 
 def warmup_steps(c: Conversion, prefix: str) -> int:
     """verl: lr_warmup_steps when positive, else lr_warmup_steps_ratio x the total steps."""
-    steps = int(c.get(prefix + "lr_warmup_steps") or -1)
+    steps = c.int(prefix + "lr_warmup_steps", -1)
     if steps > 0:
         return steps
-    ratio = float(c.get(prefix + "lr_warmup_steps_ratio") or 0.0)
+    ratio = c.float(prefix + "lr_warmup_steps_ratio", 0.0)
     if ratio <= 0:
         return 0
     total = c.get("trainer.total_training_steps")
@@ -306,30 +344,30 @@ def warmup_steps(c: Conversion, prefix: str) -> int:
         c.skip(prefix + "lr_warmup_steps_ratio", f"{ratio}: a fraction of the total steps, which verl counts from "
                "the data; set trainer.total_training_steps (or lr_warmup_steps) to convert it", essential=True)
         return 0
-    return int(ratio * int(total))
+    return int(ratio * c.int("trainer.total_training_steps"))
 
 
 @rule
 def batches(c: Conversion) -> None:
     """verl's mini-batch is in prompts: train_batch_size / ppo_mini_batch_size optimizer steps per
     batch. rlcore always packs sequences into rows of at most micro_batch_tokens tokens."""
-    train, mini = int(c.get("data.train_batch_size")), int(c.get(A + "ppo_mini_batch_size"))
+    train, mini = c.int("data.train_batch_size"), c.int(A + "ppo_mini_batch_size")
     if mini <= 0 or train % mini:
         c.skip(A + "ppo_mini_batch_size", f"{mini} does not divide data.train_batch_size = {train} (verl refuses "
                "that too)", essential=True, always=True)
     else:
         c.put("algorithm", "mini_batches", train // mini, "data.train_batch_size", A + "ppo_mini_batch_size",
               note=f"{train} / {mini}")
-    c.put("algorithm", "ppo_epochs", int(c.get(A + "ppo_epochs")), A + "ppo_epochs")
-    longest = int(c.get("data.max_prompt_length")) + int(c.get("data.max_response_length"))
+    c.put("algorithm", "ppo_epochs", c.int(A + "ppo_epochs"), A + "ppo_epochs")
+    longest = c.int("data.max_prompt_length") + c.int("data.max_response_length")
     micro = c.get(A + "ppo_micro_batch_size_per_gpu")
     if as_bool(c.get(A + "use_dynamic_bsz")):
-        tokens = int(c.get(A + "ppo_max_token_len_per_gpu"))
+        tokens = c.int(A + "ppo_max_token_len_per_gpu")
         c.put("trainer", "micro_batch_tokens", max(tokens, longest), A + "use_dynamic_bsz",
               A + "ppo_max_token_len_per_gpu", note="at least one whole sequence" if tokens < longest else "")
         c.use(A + "ppo_micro_batch_size_per_gpu", A + "ppo_micro_batch_size")
     elif micro is not None:
-        c.put("trainer", "micro_batch_tokens", int(micro) * longest, A + "ppo_micro_batch_size_per_gpu",
+        c.put("trainer", "micro_batch_tokens", c.int(A + "ppo_micro_batch_size_per_gpu") * longest, A + "ppo_micro_batch_size_per_gpu",
               "data.max_prompt_length", "data.max_response_length",
               note=f"{micro} sequences x {longest} tokens")
         c.use(A + "use_dynamic_bsz", A + "ppo_max_token_len_per_gpu", A + "ppo_micro_batch_size")
@@ -358,7 +396,7 @@ def policy_loss(c: Conversion) -> None:
         c.put("algorithm", "policy_loss", "ppo_clip", A + "policy_loss.loss_mode")
         c.put("algorithm", "clip_ratio_low", float(low), low_key)
         c.put("algorithm", "clip_ratio_high", float(high), high_key)
-        c.put("algorithm", "clip_ratio_c", float(c.get(A + "clip_ratio_c")), A + "clip_ratio_c")
+        c.put("algorithm", "clip_ratio_c", c.float(A + "clip_ratio_c"), A + "clip_ratio_c")
     elif mode == "gspo":
         c.put("algorithm", "policy_loss", "gspo", A + "policy_loss.loss_mode")
         c.put("algorithm", "clip_ratio_low", float(low), low_key)
@@ -383,7 +421,7 @@ def policy_loss(c: Conversion) -> None:
         c.skip(A + "loss_scale_factor", "rlcore normalises the loss by its loss_agg_mode only", essential=True)
     else:
         c.use(A + "loss_scale_factor")
-    c.put("algorithm", "entropy_coef", float(c.get(A + "entropy_coeff")), A + "entropy_coeff")
+    c.put("algorithm", "entropy_coef", c.float(A + "entropy_coeff"), A + "entropy_coeff")
 
 
 SUPPORTED_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
@@ -408,10 +446,10 @@ def advantage(c: Conversion) -> None:
     else:
         c.skip("algorithm.norm_adv_by_std_in_grpo", f"an option of grpo, not of {name}")
     if name == "gae":
-        c.put("algorithm", "gamma", float(c.get("algorithm.gamma")), "algorithm.gamma")
-        c.put("algorithm", "lam", float(c.get("algorithm.lam")), "algorithm.lam")
+        c.put("algorithm", "gamma", c.float("algorithm.gamma"), "algorithm.gamma")
+        c.put("algorithm", "lam", c.float("algorithm.lam"), "algorithm.lam")
     elif name == "reinforce_plus_plus":
-        c.put("algorithm", "gamma", float(c.get("algorithm.gamma")), "algorithm.gamma")
+        c.put("algorithm", "gamma", c.float("algorithm.gamma"), "algorithm.gamma")
         c.skip("algorithm.lam", "an option of gae")
     else:
         for key in ("algorithm.gamma", "algorithm.lam"):
@@ -428,12 +466,12 @@ def kl(c: Conversion) -> None:
                "the loss's is written", essential=True, always=True)
     if in_loss:
         estimator = c.get(A + "kl_loss_type")
-        c.put("algorithm", "kl_coef", float(c.get(A + "kl_loss_coef")), A + "use_kl_loss", A + "kl_loss_coef")
+        c.put("algorithm", "kl_coef", c.float(A + "kl_loss_coef"), A + "use_kl_loss", A + "kl_loss_coef")
         map_kl_estimator(c, A + "kl_loss_type", estimator)
         c.use("algorithm.kl_penalty", "algorithm.kl_ctrl.kl_coef", "algorithm.kl_ctrl.type")
     elif in_reward:
         c.put("algorithm", "kl_in_reward", True, "algorithm.use_kl_in_reward")
-        c.put("algorithm", "kl_coef", float(c.get("algorithm.kl_ctrl.kl_coef")), "algorithm.kl_ctrl.kl_coef")
+        c.put("algorithm", "kl_coef", c.float("algorithm.kl_ctrl.kl_coef"), "algorithm.kl_ctrl.kl_coef")
         map_kl_estimator(c, "algorithm.kl_penalty", c.get("algorithm.kl_penalty"))
         if c.get("algorithm.kl_ctrl.type") != "fixed":
             c.skip("algorithm.kl_ctrl.type", "rlcore's KL coefficient is fixed (no adaptive controller)", essential=True)
@@ -495,11 +533,11 @@ def critic(c: Conversion) -> None:
         c.put("critic", "path", rebase(path, c.options, local_only=True), "critic.model.path")
     else:
         c.use("critic.model.path")
-    c.put("critic", "lr", float(c.get("critic.optim.lr")), "critic.optim.lr")
+    c.put("critic", "lr", c.float("critic.optim.lr"), "critic.optim.lr")
     c.put("critic", "warmup_steps", warmup_steps(c, "critic.optim."), "critic.optim.lr_warmup_steps",
           "critic.optim.lr_warmup_steps_ratio")
-    c.put("critic", "value_clip", float(c.get("critic.cliprange_value")), "critic.cliprange_value")
-    if c.get("critic.model.lora_rank") and int(c.get("critic.model.lora_rank")) > 0:
+    c.put("critic", "value_clip", c.float("critic.cliprange_value"), "critic.cliprange_value")
+    if c.get("critic.model.lora_rank") and c.int("critic.model.lora_rank") > 0:
         c.skip("critic.model.lora_rank", "rlcore's critic is trained in full", essential=True)
     shared = {
         "critic.optim.weight_decay": "[trainer] weight_decay", "critic.optim.betas": "[trainer] betas",
@@ -553,16 +591,16 @@ def rollout(c: Conversion) -> None:
         engine = "hf"
         why = "not set (verl requires it)" if name == "???" else f"{name!r}: rlcore's engines are vllm, sglang and hf"
         c.skip(R + "name", f"{why}; the manifest uses rlcore's embedded hf engine", always=True)
-    c.put("rollout", "samples_per_prompt", int(c.get(R + "n")), R + "n")
+    c.put("rollout", "samples_per_prompt", c.int(R + "n"), R + "n")
     greedy = not as_bool(c.get(R + "do_sample"))
-    c.put("rollout", "temperature", 0.0 if greedy else float(c.get(R + "temperature")), R + "temperature", R + "do_sample")
-    c.put("rollout", "top_p", float(c.get(R + "top_p")), R + "top_p")
-    c.put("rollout", "top_k", int(c.get(R + "top_k")), R + "top_k")
+    c.put("rollout", "temperature", 0.0 if greedy else c.float(R + "temperature"), R + "temperature", R + "do_sample")
+    c.put("rollout", "top_p", c.float(R + "top_p"), R + "top_p")
+    c.put("rollout", "top_k", c.int(R + "top_k"), R + "top_k")
     v = R + "val_kwargs."
     val_greedy = not as_bool(c.get(v + "do_sample"))
-    c.put("rollout", "val_temperature", 0.0 if val_greedy else float(c.get(v + "temperature")), v + "temperature",
+    c.put("rollout", "val_temperature", 0.0 if val_greedy else c.float(v + "temperature"), v + "temperature",
           v + "do_sample")
-    c.put("rollout", "val_samples_per_prompt", int(c.get(v + "n")), v + "n")
+    c.put("rollout", "val_samples_per_prompt", c.int(v + "n"), v + "n")
     for key, train_key in (("top_p", "top_p"), ("top_k", "top_k")):
         if not val_greedy and c.get(v + key) != c.get(R + train_key):
             c.skip(v + key, f"rlcore validates with [rollout] {train_key} ({c.get(R + train_key)}); a separate "
@@ -633,7 +671,7 @@ def parallelism(c: Conversion) -> None:
         c.use(A + "fsdp_config.full_determinism")
     for key in (A + "ulysses_sequence_parallel_size", A + "fsdp_config.ulysses_sequence_parallel_size",
                 REF + "ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size"):
-        if int(c.get(key) or 1) > 1:
+        if c.int(key, 1) > 1:
             c.skip(key, "rlcore has no sequence parallelism (Ulysses): each rank holds whole sequences "
                    "(long ones: lower micro_batch_tokens, or fsdp_offload)")
         else:
@@ -668,10 +706,10 @@ def reward(c: Conversion) -> None:
         c.put("reward", "path", rebase(c.get("reward_model.model.path"), c.options, local_only=True),
               "reward_model.model.path")
         if c.get("reward_model.micro_batch_size_per_gpu"):
-            c.put("reward", "batch_size", int(c.get("reward_model.micro_batch_size_per_gpu")),
+            c.put("reward", "batch_size", c.int("reward_model.micro_batch_size_per_gpu"),
                   "reward_model.micro_batch_size_per_gpu")
         if c.get("reward_model.max_length"):
-            c.put("reward", "max_length", int(c.get("reward_model.max_length")), "reward_model.max_length")
+            c.put("reward", "max_length", c.int("reward_model.max_length"), "reward_model.max_length")
         if as_bool(c.get("reward_model.model.trust_remote_code")):
             c.put("reward", "trust_remote_code", True, "reward_model.model.trust_remote_code")
         c.use("reward_model.model.path", "reward_model.micro_batch_size_per_gpu", "reward_model.max_length",
@@ -701,7 +739,7 @@ def dapo(c: Conversion) -> None:
     punishment). These move to a DAPO plugin later: this is the one place to change."""
     if as_bool(c.get("algorithm.filter_groups.enable")):
         c.put("algorithm", "dynamic_sampling", True, "algorithm.filter_groups.enable")
-        rounds = int(c.get("algorithm.filter_groups.max_num_gen_batches") or 0)
+        rounds = c.int("algorithm.filter_groups.max_num_gen_batches", 0)
         most = 64
         if 0 < rounds <= most:
             c.put("algorithm", "max_generation_rounds", rounds, "algorithm.filter_groups.max_num_gen_batches",
@@ -729,7 +767,7 @@ def dapo(c: Conversion) -> None:
               "algorithm.filter_groups.metric")
     gen = c.get("data.gen_batch_size")
     c.use("data.gen_batch_size")
-    if gen is not None and int(gen) != int(c.get("data.train_batch_size")):
+    if gen is not None and c.int("data.gen_batch_size") != c.int("data.train_batch_size"):
         c.skip("data.gen_batch_size", f"{gen}: rlcore generates data.prompts_per_step prompts a round (no "
                "over-generation); dynamic sampling then adds rounds", always=True)
     on, length, factor, sources, max_len_key = _overlong(c)
@@ -737,7 +775,7 @@ def dapo(c: Conversion) -> None:
         c.put("algorithm", "overlong_buffer", int(length), *sources[:2])
         c.put("algorithm", "overlong_penalty", float(factor), sources[2])
         max_len = c.get(max_len_key)
-        if max_len is not None and int(max_len) != int(c.get("data.max_response_length")):
+        if max_len is not None and c.int(max_len_key) != c.int("data.max_response_length"):
             c.skip(max_len_key, f"{max_len}: rlcore's overlong buffer ends at data.max_response_tokens "
                    f"({c.get('data.max_response_length')})", essential=True)
         else:
@@ -766,24 +804,24 @@ def _overlong(c: Conversion) -> tuple[bool, Any, Any, tuple[str, str, str], str]
 @rule
 def trainer(c: Conversion) -> None:
     t = "trainer."
-    save = int(c.get(t + "save_freq") or -1)
+    save = c.int(t + "save_freq", -1)
     c.put("trainer", "save_every", max(save, 0), t + "save_freq",
           note="" if save > 0 else "verl: never; rlcore still saves at the end")
-    test = int(c.get(t + "test_freq") or -1)
+    test = c.int(t + "test_freq", -1)
     c.put("trainer", "eval_every", max(test, 0), t + "test_freq",
           note="" if test > 0 else "verl: never during training; rlcore also evaluates at the end")
     c.put("trainer", "eval_before_train", as_bool(c.get(t + "val_before_train")), t + "val_before_train")
-    c.put("trainer", "log_val_generations", int(c.get(t + "log_val_generations") or 0), t + "log_val_generations")
+    c.put("trainer", "log_val_generations", c.int(t + "log_val_generations", 0), t + "log_val_generations")
     keep = c.get(t + "max_actor_ckpt_to_keep")
-    if keep not in (None, -1) and int(keep) > 0:
-        c.put("trainer", "keep_checkpoints", int(keep), t + "max_actor_ckpt_to_keep")
+    if keep not in (None, -1) and c.int(t + "max_actor_ckpt_to_keep") > 0:
+        c.put("trainer", "keep_checkpoints", c.int(t + "max_actor_ckpt_to_keep"), t + "max_actor_ckpt_to_keep")
     else:
         c.skip(t + "max_actor_ckpt_to_keep", "verl keeps every checkpoint; rlcore keeps [trainer] keep_checkpoints "
                "(default 2)")
     c.use(t + "max_critic_ckpt_to_keep")
     loggers(c)
     run_directory(c)
-    if int(c.get(t + "critic_warmup") or 0) > 0:
+    if c.int(t + "critic_warmup", 0) > 0:
         c.skip(t + "critic_warmup", "rlcore updates the actor from the first step", essential=True)
     else:
         c.use(t + "critic_warmup")
@@ -852,7 +890,7 @@ def profiler(c: Conversion) -> None:
         return
     if tool in ("torch", "torch_memory") and steps:
         key = "profile_steps" if tool == "torch" else "memory_snapshot_steps"
-        c.put("trainer", key, [int(s) for s in as_list(steps)], "global_profiler.tool", "global_profiler.steps")
+        c.put("trainer", key, c.numbers("global_profiler.steps", int), "global_profiler.tool", "global_profiler.steps")
     elif tool in ("torch", "torch_memory"):
         c.skip("global_profiler.steps", "no steps given: rlcore profiles the steps it is told", always=True)
     else:
@@ -863,7 +901,7 @@ def profiler(c: Conversion) -> None:
 @rule
 def launcher(c: Conversion) -> None:
     """verl runs its workers on Ray: one GPU each, nnodes x n_gpus_per_node of them."""
-    nodes, gpus = int(c.get("trainer.nnodes")), int(c.get("trainer.n_gpus_per_node"))
+    nodes, gpus = c.int("trainer.nnodes"), c.int("trainer.n_gpus_per_node")
     sources = ("trainer.nnodes", "trainer.n_gpus_per_node")
     choice = c.options.launcher
     if choice == "auto":
@@ -905,8 +943,8 @@ def agent(c: Conversion) -> None:
     if tools:
         c.put("agent", "tool_config", rebase(tools, c.options), t + "tool_config_path", note="verl's file format")
     if c.get(t + "max_assistant_turns"):
-        c.put("agent", "max_turns", int(c.get(t + "max_assistant_turns")), t + "max_assistant_turns")
-    c.put("agent", "max_calls_per_turn", int(c.get(t + "max_parallel_calls")), t + "max_parallel_calls")
+        c.put("agent", "max_turns", c.int(t + "max_assistant_turns"), t + "max_assistant_turns")
+    c.put("agent", "max_calls_per_turn", c.int(t + "max_parallel_calls"), t + "max_parallel_calls")
     fmt = c.get(t + "format")
     if fmt in ("hermes",):
         c.put("agent", "parser", fmt, t + "format")

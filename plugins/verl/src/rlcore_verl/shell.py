@@ -391,6 +391,8 @@ class Shell:
                 started = started or piece.quoted or bool(piece.text)
                 continue
             value = self.expansion(piece.text, word.line)
+            # A command substitution is kept as written ("$(date +%s)"), and not split on its spaces.
+            kept = isinstance(value, str) and "$(" in value
             if isinstance(value, list):  # "$@", "${ARR[@]}"
                 if not value:
                     continue
@@ -400,7 +402,7 @@ class Shell:
                 fields[-1] += parts[0]
                 fields.extend(parts[1:])
                 started = True
-            elif piece.quoted or not split:
+            elif piece.quoted or not split or kept:
                 fields[-1] += value
                 started = True
             else:
