@@ -55,6 +55,8 @@ def render(conversion: Conversion, sources: list[str]) -> str:
 
 def comment(line: Line, conversion: Conversion) -> str:
     """The verl keys a line came from: those the command set, or (none set) all, as verl's defaults."""
+    if not line.sources:
+        return line.note
     given = [s for s in line.sources if conversion.cfg.given(s)]
     text = "verl: " + ", ".join(given or line.sources)
     if not given:

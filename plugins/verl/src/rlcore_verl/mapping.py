@@ -64,9 +64,11 @@ class Conversion:
     unmapped: list[Unmapped] = field(default_factory=list)
     handled: set[str] = field(default_factory=set)
 
-    def put(self, table: str, key: str, value: Any, *sources: str, note: str = "") -> None:
+    def put(self, table: str, key: str, value: Any, *sources: str, note: str = "", given: bool = False) -> None:
+        """``[table] key = value`` from the verl keys ``sources``; ``given``: from the user's script
+        itself (its ray job submit), not from a key."""
         self.handled.update(sources)
-        given = any(self.cfg.given(s) for s in sources)
+        given = given or any(self.cfg.given(s) for s in sources)
         self.lines = [line for line in self.lines if not (line.table == table and line.key == key)]
         self.lines.append(Line(table, key, value, tuple(sources), given, note))
 
@@ -921,9 +923,9 @@ def launcher(c: Conversion) -> None:
     c.put("launcher", "workers", nodes * gpus, *sources, note=f"{nodes} node(s) x {gpus} GPUs")
     c.put("launcher", "gpus_per_worker", 1 if gpus > 0 else 0, "trainer.n_gpus_per_node")
     if c.options.ray_job:
-        c.put("launcher", "job", True, *sources, note="the script submits it with ray job submit")
+        c.put("launcher", "job", True, note="the script submits it with ray job submit", given=True)
         if c.options.ray_job_address:
-            c.put("launcher", "address", c.options.ray_job_address, *sources)
+            c.put("launcher", "address", c.options.ray_job_address, note="ray job submit's address", given=True)
     elif nodes > 1:
         c.put("launcher", "address", "auto", "trainer.nnodes", note="the running cluster (ray start on every node)")
 
