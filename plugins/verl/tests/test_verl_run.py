@@ -12,6 +12,7 @@ from rlcore.testing.runs import train_rows
 from pathlib import Path
 
 SCRIPTS = Path(__file__).parent / "scripts"
+require_plugins("rlcore_rollout_hf", "rlcore_reward_rule", "rlcore_algo_grpo")
 
 
 def write_gsm8k_rows(path, n):
@@ -28,7 +29,6 @@ def write_gsm8k_rows(path, n):
 
 @pytest.mark.slow
 def test_a_converted_verl_command_runs_a_step(tiny_model, tmp_path, monkeypatch, capfd):
-    require_plugins("rlcore_rollout_hf", "rlcore_reward_rule", "rlcore_algo_grpo")
     data = tmp_path / "data"
     write_gsm8k_rows(data / "train.parquet", 8)
     write_gsm8k_rows(data / "test.parquet", 4)
