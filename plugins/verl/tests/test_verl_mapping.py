@@ -324,3 +324,16 @@ def test_each_manifest_line_names_its_verl_keys():
             assert "# verl: " in line, line
     essential = render(conv("algorithm.adv_estimator=remax"), ["x"])
     assert "# NOT MAPPED, and it changes what is trained" in essential and "algorithm.adv_estimator: 'remax'" in essential
+
+
+def test_a_saved_run_config_counts_only_what_differs_from_verls_defaults():
+    """A verl run's saved config repeats every default, interpolations resolved, with class names
+    and profiler options: only the real settings count as set."""
+    cfg = VerlConfig()
+    cfg.apply_yaml({
+        "actor_rollout_ref.rollout.n": 5, "actor_rollout_ref.actor.rollout_n": 5, "critic.rollout_n": 5,
+        "actor_rollout_ref.actor._target_": "verl.workers.config.FSDPActorConfig",
+        "actor_rollout_ref.actor.profiler.all_ranks": False, "actor_rollout_ref.actor.optim.lr": 1e-6,
+        "data.max_response_length": 1024, "actor_rollout_ref.rollout.response_length": 1024,
+    }, "config.yaml")
+    assert sorted(cfg.given_keys()) == ["actor_rollout_ref.rollout.n", "data.max_response_length"]

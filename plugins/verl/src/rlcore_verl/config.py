@@ -26,13 +26,17 @@ class VerlConfig:
     # Building -------------------------------------------------------------------------------
 
     def apply_yaml(self, flat: dict[str, Any], origin: str) -> None:
-        """A YAML config's leaves; those equal to verl's default count as defaults (a saved run
-        config repeats every default)."""
+        """A YAML config's leaves. Those equal to verl's default count as defaults: a run's saved
+        config repeats every default, its interpolations resolved (``rollout_n: 5``)."""
+        changed = {}
         for key, value in flat.items():
-            if key == "defaults":
+            if key == "defaults" or (key in self.defaults and self.defaults[key] == value) or _inert(key, value):
                 continue
-            if key in self.defaults and self.defaults[key] == value:
-                continue
+            changed[key] = value
+            self.values[key] = value
+        for key, value in changed.items():
+            if key in self.defaults and self._resolve(self.defaults[key], key, 0) == value:
+                continue  # verl's interpolated default, as the saved config resolved it
             if not self.is_known(key):
                 self.unknown[key] = (origin, False)
             self.set(key, value, origin)
@@ -140,3 +144,13 @@ class VerlConfig:
         if target in self.values:
             return self._resolve(self.values[target], target, depth + 1)
         return default
+
+
+def _inert(key: str, value: Any) -> bool:
+    """A saved config's bookkeeping, not a setting: config class names, and profiler options
+    while that profiler is not enabled."""
+    if key.endswith("._target_"):
+        return True
+    return (".profiler." in key or key.startswith("global_profiler.global_tool_config.")) and not (
+        key.endswith(".profiler.enable") and value is True
+    )
