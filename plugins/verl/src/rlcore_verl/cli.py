@@ -23,10 +23,11 @@ from pathlib import Path
 from rlcore.errors import UsageError
 
 EPILOG = """\
-SOURCES are read in order: a launch script (its python3 -m verl.trainer.main_ppo command, with the
-script's variables; the words after the script are its arguments, "$@"), verl YAML configs
-(.yaml), and KEY=VALUE overrides as typed after main_ppo (+KEY=VALUE, ~KEY too). Overrides given
-here apply after the script's. To paste a whole command, put it after "--".
+A SOURCE is a launch script (its python3 -m verl.trainer.main_ppo command, with the script's
+variables; the words after the script are its arguments, "$@"), a verl YAML config (.yaml), or a
+KEY=VALUE override as typed after main_ppo (+KEY=VALUE, ~KEY too). They apply in this order: the
+YAML configs, the script's command, the overrides given here. To paste a whole command, put it
+after "--".
 """
 
 _PASTED = re.compile(r"^(python[\d.]*|-m|-u|.*(?:^|\.)main_(?:ppo|dapo)(?:\.py)?)$")
