@@ -247,7 +247,7 @@ def data(c: Conversion) -> None:
                    f"mix) and give that, e.g. {verl_key}=merged.parquet", essential=rlcore_key == "train", always=True)
         else:
             c.use(verl_key)
-        if rlcore_key == "train" and not c.given(verl_key) and len(files) == 1:
+        if not c.given(verl_key) and len(files) == 1:
             c.skip(verl_key, f"not set: verl's default {files[0]!r} is written", always=True)
     c.put("data", "prompts_per_step", c.int("data.train_batch_size"), "data.train_batch_size")
     c.put("data", "max_prompt_tokens", c.int("data.max_prompt_length"), "data.max_prompt_length")
