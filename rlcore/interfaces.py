@@ -95,6 +95,10 @@ class RewardResult:
 
 
 class RewardFunction(Protocol):
+    """Optionally also ``required_fields`` (a set of the row fields it needs) and
+    ``check_data(prompts, source_name)``, which may raise :class:`rlcore.errors.RlcoreError` on
+    rows it cannot score (called on every data set before training)."""
+
     def __call__(self, item: RewardInput) -> float | RewardResult:
         """Score one trajectory. Raising or running past the time limit scores 0 (counted)."""
 

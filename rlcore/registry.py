@@ -36,7 +36,7 @@ FIRST_PARTY: dict[tuple[str, str], str] = {
     **{("advantage_estimator", n): "rlcore-algo-grpo" for n in ("grpo", "dr_grpo", "rloo", "reinforce_pp")},
     ("advantage_estimator", "gae"): "rlcore-algo-ppo",
     ("policy_loss", "gspo"): "rlcore-algo-grpo",
-    **{("reward_function", n): "rlcore-reward-rule" for n in ("gsm8k", "math", "exact_match", "format")},
+    **{("reward_function", n): "rlcore-reward-rule" for n in ("gsm8k", "math", "math_dapo", "verl", "exact_match", "format")},
     **{("reward_function", n): "rlcore-reward-model" for n in ("reward_model", "judge")},
     ("agent_loop", "tool"): "rlcore-agent",
     ("tool", "python"): "rlcore-agent",

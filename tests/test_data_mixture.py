@@ -58,7 +58,7 @@ def test_a_weighted_mixture_trains_and_resumes(tmp_path, tiny_model):
         tmp_path, tiny_model,
         data={"train": str(tmp_path / "mix.jsonl"), "val": None, "prompts_per_step": 4,
               "source_weights": {"openai/gsm8k": 3, "lighteval/MATH": 1}},
-        reward={"function": "gsm8k", "method": "flexible"},
+        reward={"function": "gsm8k", "method": "numeric"},
     )
     run = tmp_path / "run"
     assert main(["run", str(manifest), "--run-dir", str(run), "--set", "trainer.save_every=1"]) == 0

@@ -33,7 +33,7 @@ def _routed(tmp_path, tiny_model, **reward):
                               reward={"function": None, "method": None, **reward})
 
 
-GSM8K_AND_MATH = {"routes": {"openai/gsm8k": {"function": "gsm8k", "method": "flexible"}, "lighteval/MATH": {"function": "math"}}}
+GSM8K_AND_MATH = {"routes": {"openai/gsm8k": {"function": "gsm8k", "method": "numeric"}, "lighteval/MATH": {"function": "math"}}}
 
 
 def test_each_row_is_scored_by_its_sources_function():
@@ -57,10 +57,10 @@ def test_each_row_is_scored_by_its_sources_function():
 
 def test_routes_are_validated_with_each_functions_own_options(tmp_path, tiny_model):
     manifest = load_manifest(_routed(tmp_path, tiny_model, **GSM8K_AND_MATH))
-    assert manifest.component("reward.routes.openai/gsm8k").options.method == "flexible"
+    assert manifest.component("reward.routes.openai/gsm8k").options.method == "numeric"
     assert manifest.component("reward.routes.lighteval/MATH").component.name == "math"
     resolved = manifest.resolved_dict()["reward"]["routes"]
-    assert resolved["openai/gsm8k"]["function"] == "gsm8k" and resolved["openai/gsm8k"]["method"] == "flexible"
+    assert resolved["openai/gsm8k"]["function"] == "gsm8k" and resolved["openai/gsm8k"]["method"] == "numeric"
     bad = _routed(tmp_path, tiny_model, routes={"openai/gsm8k": {"function": "gsm8k", "methd": "strict"},
                                                 "lighteval/MATH": {"function": "nosuch"}})
     with pytest.raises(ManifestError) as err:

@@ -1,7 +1,7 @@
 """Synthetic tasks with checkable answers, for smoke tests, tutorials and CPU-sized runs.
 
 ``addition``: "What is 3 + 5? Reply with only the number." (reward: ``gsm8k`` with
-``method = "flexible"``, or ``exact_match``). ``arithmetic``: multi-step integer expressions
+``method = "numeric"``, or ``exact_match``). ``arithmetic``: multi-step integer expressions
 whose answer goes in ``\\boxed{}`` (reward: ``math``), e.g. for tool-use training.
 
 The train and test splits never share a question: which split a question belongs to is decided

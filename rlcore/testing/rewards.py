@@ -6,7 +6,7 @@
     def test_my_reward_conforms():
         check_reward_function(
             my_component,  # the Component record the plugin registers
-            options={"method": "flexible"},
+            options={"method": "numeric"},
             cases=[(RewardInput(response="#### 42", ground_truth="42"), 1.0),
                    (RewardInput(response="#### 41", ground_truth="42"), 0.0)],
         )

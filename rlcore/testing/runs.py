@@ -41,7 +41,7 @@ TINY_RUN: dict[str, Any] = {
         "max_response_tokens": 6,
     },
     "rollout": {"engine": "hf", "samples_per_prompt": 2},
-    "reward": {"function": "gsm8k", "method": "flexible"},
+    "reward": {"function": "gsm8k", "method": "numeric"},
     "algorithm": {"advantage": "grpo", "policy_loss": "ppo_clip"},
     "trainer": {"steps": 2, "lr": 1e-3, "loggers": ["jsonl"], "eval_before_train": False},
 }

@@ -45,7 +45,16 @@ class RoutedReward:
                     f"data {source_name!r}: row {rows[0].index} has data_source {source!r}, which no "
                     f"[reward.routes] table scores (routed: {routed}) and [reward] sets no function for the rest"
                 )
-            check_required_fields(rows, getattr(fn, "required_fields", ()) or (), source_name)
+            check_reward_data(fn, rows, source_name)
+
+
+def check_reward_data(fn: Any, prompts: list[Prompt], source_name: str) -> None:
+    """The fields ``fn`` declares in ``required_fields``, then its own ``check_data(prompts,
+    source_name)`` when it defines one (a router refusing a source it cannot score)."""
+    check_required_fields(prompts, getattr(fn, "required_fields", ()) or (), source_name)
+    own_check = getattr(fn, "check_data", None)
+    if callable(own_check):
+        own_check(prompts, source_name)
 
 
 class Scorer:
@@ -58,10 +67,7 @@ class Scorer:
 
     def check_data(self, prompts: list[Prompt], source_name: str) -> None:
         """Fail early, naming the file and row, on rows the reward cannot score."""
-        if isinstance(self.reward_fn, RoutedReward):
-            self.reward_fn.check_data(prompts, source_name)
-        else:
-            check_required_fields(prompts, getattr(self.reward_fn, "required_fields", ()) or (), source_name)
+        check_reward_data(self.reward_fn, prompts, source_name)
 
     def score(self, trajectories: list[Trajectory], tokenizer) -> tuple[list[float], dict[str, float]]:
         groups: dict[int, int] = {}

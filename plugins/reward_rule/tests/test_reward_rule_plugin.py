@@ -47,7 +47,7 @@ def test_entry_point_is_declared_and_installed():
     eps = [ep for ep in entry_points(group="rlcore") if ep.name == "reward_rule"]
     assert eps and eps[0].value == "rlcore_reward_rule.plugin"
     found = Registry.discover().components("reward_function")
-    assert {"gsm8k", "math", "exact_match", "format"} <= set(found)
+    assert {"gsm8k", "math", "math_dapo", "verl", "exact_match", "format"} <= set(found)
     assert found["gsm8k"].distribution == "rlcore-reward-rule"
 
 
@@ -68,7 +68,8 @@ def G(response, truth):
 def test_gsm8k_conforms(registry):
     c = registry.get("reward_function", "gsm8k")
     check_reward_function(c, cases=[(G("... #### 42", "42"), 1.0), (G("... #### 41", "42"), 0.0), (G("42", "42"), 0.0)])
-    check_reward_function(c, options={"method": "flexible"}, cases=[(G("so 42.", "42"), 1.0), (G("41", "42"), 0.0)])
+    check_reward_function(c, options={"method": "numeric"}, cases=[(G("so 42.", "42"), 1.0), (G("41", "42"), 0.0)])
+    check_reward_function(c, options={"method": "flexible"}, cases=[(G("so 42.", "42"), 0.0), (G("so 42", "42"), 1.0)])
 
 
 def test_math_conforms(registry):
@@ -76,6 +77,17 @@ def test_math_conforms(registry):
     cases = [(G("\\boxed{\\frac{1}{2}}", "0.5"), 1.0), (G("\\boxed{2}", "0.5"), 0.0), (G("0.5", "0.5"), 0.0)]
     check_reward_function(c, cases=cases)
     check_reward_function(c, options={"backend": "builtin"}, cases=cases)
+
+
+def test_math_dapo_conforms(registry):
+    c = registry.get("reward_function", "math_dapo")
+    check_reward_function(c, cases=[(G("Answer: 42", "42"), 1.0), (G("Answer: 41", "42"), -1.0), (G("42", "42"), -1.0)])
+    check_reward_function(c, options={"strict_box_verify": True}, cases=[(G("\\boxed{42}", "42"), 1.0)])
+
+
+def test_verl_conforms(registry):
+    c = registry.get("reward_function", "verl")
+    check_reward_function(c, cases=[(G("... #### 42", "42"), 1.0), (G("the answer is 42", "42"), 0.0)])
 
 
 def test_exact_match_conforms(registry):

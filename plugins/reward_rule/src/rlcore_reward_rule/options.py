@@ -11,10 +11,12 @@ from rlcore.components import Options
 
 
 class GSM8KOptions(Options):
-    method: Literal["strict", "flexible"] = Field(
+    method: Literal["strict", "flexible", "numeric"] = Field(
         "strict",
         description='strict: verl\'s strict scorer (the last "#### N" in the last 300 characters, equal to the '
-        'answer as written); flexible: the last number in the response, compared as a number',
+        "ground truth as text); flexible: verl's flexible scorer (the last number-like text in the last 300 "
+        "characters, equal as text: 18. is not 18); numeric: the last number anywhere in the response, compared "
+        "by value (72.00 is 72, 1,000 is 1000)",
     )
     correct_score: float = Field(1.0, ge=-100.0, le=100.0, description="score of a correct answer")
     format_score: float = Field(
@@ -31,6 +33,18 @@ class MathOptions(Options):
     correct_score: float = Field(1.0, ge=-100.0, le=100.0, description="score of a correct boxed answer")
     format_score: float = Field(
         0.0, ge=-100.0, le=100.0, description="score of a boxed answer that is wrong"
+    )
+
+
+class MathDapoOptions(Options):
+    strict_box_verify: bool = Field(
+        False,
+        description='verl\'s strict mode: the last \\boxed{...} of the last 100 characters, equal to the ground truth '
+        'as written; default: the text after the last "Answer:", normalised as Minerva does',
+    )
+    correct_score: float = Field(1.0, ge=-100.0, le=100.0, description="score of a correct answer (verl: 1)")
+    incorrect_score: float = Field(
+        -1.0, ge=-100.0, le=100.0, description="score of a wrong or missing answer (verl: -1)"
     )
 
 
