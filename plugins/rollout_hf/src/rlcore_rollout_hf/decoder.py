@@ -8,7 +8,8 @@ step's GPU time) and its mask logic runs on the host. So this module re-runs the
 recipe -- pre-norm attention and MLP with residuals -- by calling the model's OWN submodules
 (projections, norms, MLP, rotary embedding and its ``apply_rotary_pos_emb``): peft adapters,
 rotary scaling variants and the actor's current parameters all apply as they are, and nothing is
-copied. Only the attention over the cache is written here.
+copied. Only the attention over the cache is written here (``decode_attention.py``: on CUDA a
+Triton kernel that reads each row's live keys only).
 
 Architectures whose layers follow that recipe are listed in :data:`SUPPORTED_MODEL_TYPES`;
 :func:`unsupported_reason` says why any other model must use the plain path.
@@ -21,6 +22,8 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+
+from rlcore_rollout_hf.decode_attention import decode_attention, usable
 
 # Norm classes that are exactly ``weight * rms_normalise(x)``: run as one fused F.rms_norm call
 # instead of the module's seven element-wise kernels.
@@ -89,7 +92,7 @@ class SlotCache:
 class SlotDecoder:
     """Prefill and decode for one supported model over a :class:`SlotCache`."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, attention: str = "auto"):
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(reason)
@@ -106,6 +109,12 @@ class SlotDecoder:
         self.apply_rope: Callable = sys.modules[type(attn).__module__].apply_rotary_pos_emb
         self.embed = self.lm.get_input_embeddings()
         self.layer_step = self._layer_step
+        device = self.embed.weight.device
+        if attention == "triton" and not usable(device, self.head_dim):
+            raise ValueError(f"the Triton decode attention needs CUDA, Triton and a power-of-two head size (here {device}, "
+                             f"head size {self.head_dim})")
+        # "triton": the live-keys kernel; "sdpa": one masked SDPA call over the whole capacity.
+        self.attention = "triton" if attention == "triton" or (attention == "auto" and usable(device, self.head_dim)) else "sdpa"
 
     def parameters_signature(self) -> tuple[int, ...]:
         """Storage addresses of every parameter: a captured graph is valid while these stay put
@@ -164,18 +173,14 @@ class SlotDecoder:
         Shapes depend only on B and the cache capacity, and nothing reads back to the host, so the
         call can be captured in a CUDA graph."""
         batch = tokens.shape[0]
-        capacity = cache.capacity
         rows = torch.arange(batch, device=tokens.device)
         hidden = self.embed(tokens[:, None])
         cos, sin = self.inner.rotary_emb(hidden, positions[:, None])
-        # A row sees the keys up to its own position; those after it are stale or empty.
-        visible = torch.arange(capacity, device=tokens.device)[None, :] <= positions[:, None]
-        visible = visible[:, None, None, :]  # [B, 1, 1, capacity], broadcast over kv heads and groups
         for index, layer in enumerate(self.layers):
-            hidden = self.layer_step(layer, hidden, cos, sin, cache.keys[index], cache.values[index], rows, positions, visible)
+            hidden = self.layer_step(layer, hidden, cos, sin, cache.keys[index], cache.values[index], rows, positions)
         return self._logits(hidden[:, 0])
 
-    def _layer_step(self, layer, hidden, cos, sin, keys, values, rows, positions, visible) -> torch.Tensor:
+    def _layer_step(self, layer, hidden, cos, sin, keys, values, rows, positions) -> torch.Tensor:
         """One decoder layer for one new token per row; writes that token's key and value."""
         batch = hidden.shape[0]
         attn = layer.self_attn
@@ -184,9 +189,10 @@ class SlotDecoder:
         keys[rows, :, positions] = k[:, :, 0]
         values[rows, :, positions] = v[:, :, 0]
         # The query heads of one kv head (head h uses kv head h // groups) go in as that kv
-        # head's "query positions": one attention call, no repeated keys.
+        # head's "query positions": one attention call, no repeated keys. A row sees the keys up
+        # to its own position; those after it are stale or empty.
         q = q.reshape(batch, self.kv_heads, self.groups, self.head_dim)
-        out = F.scaled_dot_product_attention(q, keys[:batch], values[:batch], attn_mask=visible, scale=self.scaling)
+        out = decode_attention(q, keys, values, positions, self.scaling, self.attention)
         hidden = residual + attn.o_proj(out.reshape(batch, 1, -1))
         return hidden + layer.mlp(self._norm(layer.post_attention_layernorm, hidden))
 

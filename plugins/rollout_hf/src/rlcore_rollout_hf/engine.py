@@ -107,8 +107,12 @@ class HFRolloutEngine:
             if mode == "on":
                 raise UsageError(f"[rollout] fast_path = \"on\" cannot run this model: {reason}; use \"auto\" or \"off\"")
             return None
+        try:
+            decoder = SlotDecoder(self.model, attention=self.options.decode_attention)
+        except ValueError as error:  # the model itself passed unsupported_reason: the attention kernel cannot run
+            raise UsageError(f'[rollout] decode_attention = "triton": {error}; use "auto" or "sdpa"') from error
         return FastGenerator(
-            SlotDecoder(self.model),
+            decoder,
             self.device,
             max_rows=self.options.max_batch_size,
             cuda_graphs=self.options.cuda_graphs,
