@@ -49,7 +49,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from model_shapes import QWEN2_5_0_5B, QWEN2_5_1_5B  # benchmarks/ is the script directory, so on sys.path
+from model_shapes import QWEN2_5_0_5B, QWEN2_5_1_5B, QWEN2_5_3B, QWEN2_5_7B, config_kwargs  # benchmarks/ is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 # --precision -> ([model] dtype, [model] compute_dtype): what is stored, what is computed.
@@ -59,11 +59,14 @@ PEAK_TFLOPS = {"cuda": 790.0}  # measured dense bf16 matrix products on the H200
 SHAPES = {
     "0.5b": QWEN2_5_0_5B,
     "1.5b": QWEN2_5_1_5B,
+    "3b": QWEN2_5_3B,
+    "7b": QWEN2_5_7B,
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=128, vocab_size=4096),
 }
 # Workload per shape: (prompts, samples per prompt, prompt tokens, response tokens).
-WORKLOADS = {"0.5b": (64, 4, 128, 256), "1.5b": (64, 4, 128, 256), "tiny": (4, 2, 16, 16)}
+WORKLOADS = {"0.5b": (64, 4, 128, 256), "1.5b": (64, 4, 128, 256), "3b": (64, 4, 128, 256), "7b": (64, 4, 128, 256),
+             "tiny": (4, 2, 16, 16)}
 
 REWARD = '''
 def score(data_source, solution_str, ground_truth, extra_info=None):
@@ -99,8 +102,8 @@ def model_config(shape: str):
     from transformers import Qwen2Config
 
     tok_pad = SHAPES[shape]["vocab_size"] - 1
-    return Qwen2Config(**SHAPES[shape], tie_word_embeddings=True, max_position_embeddings=4096,
-                       bos_token_id=None, eos_token_id=None, pad_token_id=tok_pad)
+    return Qwen2Config(**config_kwargs(SHAPES[shape], max_position_embeddings=4096, bos_token_id=None, eos_token_id=None,
+                                       pad_token_id=tok_pad))
 
 
 def random_model(shape: str, device: str, dtype):

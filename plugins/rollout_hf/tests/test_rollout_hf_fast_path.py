@@ -178,3 +178,11 @@ def test_compiled_decode_layers_give_the_same_tokens():
     assert engine.fast.sample is not sample_with_uniform
     assert flat(compiled_out) == flat(eager_out)
     assert largest_logprob_gap(compiled_out, eager_out) < 1e-4
+
+
+def test_the_triton_decode_attention_is_refused_where_it_cannot_run_and_auto_falls_back():
+    model = build("llama")
+    with pytest.raises(UsageError, match="decode_attention"):
+        HFRolloutEngine(model, options=HFEngineOptions(fast_path="on", decode_attention="triton"))
+    engine = HFRolloutEngine(model, options=HFEngineOptions(fast_path="on"))
+    assert engine.fast.decoder.attention == "sdpa"  # on CPU

@@ -72,11 +72,12 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def split_kernel(Q, K, V, POS, O, LSE,
+    def decode_attention_split(Q, K, V, POS, O, LSE,
                      s_qb, s_qh, s_qg, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
                      s_ob, s_oh, s_os, s_og, s_lb, s_lh, s_ls,
                      scale, groups, chunk,
-                     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, DIRECT: tl.constexpr):
+                     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, DIRECT: tl.constexpr,
+                               PRECISION: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         s = tl.program_id(2)
@@ -98,14 +99,14 @@ def _kernels():
             n = n0 + offs_n
             ok = n < end
             k = tl.load(k_base + n[:, None] * s_kn + offs_d[None, :], mask=ok[:, None], other=0.0)
-            qk = tl.dot(q, tl.trans(k)) * qk_scale
+            qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
             qk = tl.where(ok[None, :], qk, float("-inf"))
             m_new = tl.maximum(m, tl.max(qk, 1))
             p = tl.exp2(qk - m_new[:, None])
             alpha = tl.exp2(m - m_new)
             l = l * alpha + tl.sum(p, 1)
             v = tl.load(v_base + n[:, None] * s_vn + offs_d[None, :], mask=ok[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m = m_new
         live = l > 0.0
         out = acc / tl.where(live, l, 1.0)[:, None]
@@ -118,7 +119,7 @@ def _kernels():
             tl.store(LSE + b * s_lb + h * s_lh + s * s_ls + offs_g, lse, mask=g_ok)
 
     @triton.jit
-    def combine_kernel(P, LSE, O, s_pb, s_ph, s_ps, s_pg, s_lb, s_lh, s_ls, s_ob, s_oh, s_og,
+    def decode_attention_combine(P, LSE, O, s_pb, s_ph, s_ps, s_pg, s_lb, s_lh, s_ls, s_ob, s_oh, s_og,
                        splits, groups, BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -138,7 +139,7 @@ def _kernels():
         tl.store(O + b * s_ob + h * s_oh + offs_g[:, None] * s_og + offs_d[None, :], out.to(O.dtype.element_ty),
                  mask=g_ok[:, None])
 
-    _split_kernel, _combine_kernel = split_kernel, combine_kernel
+    _split_kernel, _combine_kernel = decode_attention_split, decode_attention_combine
     return _split_kernel, _combine_kernel
 
 
@@ -163,7 +164,11 @@ def triton_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.T
     chunk = -(-chunk // BLOCK_N) * BLOCK_N
     block_g = max(16, _next_power_of_two(groups))  # tl.dot needs at least 16 rows
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    common = dict(BLOCK_G=block_g, BLOCK_N=BLOCK_N, D=head_dim, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    # float32 caches get true float32 products (Triton's default would be TF32): the trainer's
+    # float32 log-probs are then matched to rounding, as with SDPA.
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    common = dict(BLOCK_G=block_g, BLOCK_N=BLOCK_N, D=head_dim, PRECISION=precision, num_warps=NUM_WARPS,
+                  num_stages=NUM_STAGES)
     strides = (*q.stride()[:3], *keys.stride()[:3], *values.stride()[:3])
     if splits == 1:
         split_kernel[(batch, kv_heads, 1)](
