@@ -87,7 +87,7 @@ if part in ("both", "decode"):
           f"{matrix_params / 1e9:.2f}B matrix parameters, {kv_per_token / 1024:.1f} KiB of KV per token")
     rows = []
     for kernel in args.attention.split(","):
-        d = SlotDecoder(m, attention=kernel); d.compile_layers(True)
+        d = SlotDecoder(m, attention=kernel); d.compile_layers(True); d.refresh()
         for B in batches:
             for cap in capacities:
                 cache = d.new_cache(B, cap)
@@ -111,6 +111,19 @@ if part in ("both", "decode"):
                 rows.append((kernel, B, cap, with_sample, alone, read, flops))
                 del cache
                 torch.cuda.empty_cache()
+    # The prefill of the rollout benchmark's prompts: 256 x 128 tokens in one pass (PREFILL_TOKENS).
+    d = SlotDecoder(m); d.refresh()
+    cache = d.new_cache(256, 256)
+    ids = torch.randint(0, 1000, (256, 128), device="cuda")
+    with torch.inference_mode():
+        run = lambda: d.prefill(cache, ids, torch.full((256,), 128, device="cuda"), torch.arange(256, device="cuda"))  # noqa: E731
+        run(); torch.cuda.synchronize(); t = time.perf_counter()
+        for _ in range(3): run()
+        torch.cuda.synchronize()
+    ms = (time.perf_counter() - t) / 3 * 1e3
+    print(f"prefill 256 x 128 tokens: {ms:.1f} ms, {2 * matrix_params * 256 * 128 / ms / 1e9:.0f} TFLOP/s by 2N "
+          f"(bound {2 * matrix_params * 256 * 128 / MATMUL_FLOPS * 1e3:.1f} ms)")
+    del cache
     print(f"\n{'attention':9} {'batch':>5} {'cap':>5} {'step+sample ms':>15} {'step ms':>8} {'read bound':>11} {'matmul bound':>13} {'of bound':>9}")
     for kernel, B, cap, with_sample, alone, read, flops in rows:
         print(f"{kernel:9} {B:5d} {cap:5d} {with_sample:15.3f} {alone:8.3f} {read:11.3f} {flops:13.3f} {max(read, flops) / with_sample:9.1%}")

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 BLOCK_N = 64  # keys per inner iteration
 NUM_WARPS, NUM_STAGES = 4, 2
-MIN_PROGRAMS = 528  # about four programs per multiprocessor of an H200 (132): splits until there are this many
+MIN_PROGRAMS = 264  # about two programs per multiprocessor of an H200 (132): splits until there are this many
 
 
 @functools.lru_cache(maxsize=None)
