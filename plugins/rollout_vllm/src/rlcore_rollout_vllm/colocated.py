@@ -51,6 +51,11 @@ class VLLMColocatedEngine:
 
     shares_actor = False  # it holds its own weights: the trainer sends them (update_weights)
 
+    @property
+    def accepts_lora(self) -> bool:
+        """Whether update_weights(..., lora=...) can load an adapter: vLLM started with LoRA enabled."""
+        return bool(self.options.lora_rank)
+
     def __init__(self, options: VLLMOptions, context: BuildContext | None = None):
         self.options = options
         self.version = compat.check_version()
