@@ -112,8 +112,12 @@ class FusedQKV:
         return len({p.bias is None for p in projections}) == 1 and len({(p.weight.dtype, p.weight.device) for p in projections}) == 1
 
     def refresh(self) -> None:
-        """Copy the projections' current weights in (allocating the copies on first use)."""
+        """Copy the projections' current weights in (allocating the copies on first use, and anew
+        when a layer's projections changed kind: LoRA layers injected into an engine's copy)."""
         with torch.inference_mode():
+            plan = [self.fusable(layer.self_attn) for layer in self.layers]
+            if self.weights is not None and plan != [f is not None for f in self.weights]:
+                self.weights = None
             if self.weights is None:
                 self.weights = []
                 for layer in self.layers:
