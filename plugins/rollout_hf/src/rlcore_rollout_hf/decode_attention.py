@@ -73,10 +73,10 @@ def _kernels():
 
     @triton.jit
     def decode_attention_split(Q, K, V, POS, O, LSE,
-                     s_qb, s_qh, s_qg, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
-                     s_ob, s_oh, s_os, s_og, s_lb, s_lh, s_ls,
-                     scale, groups, chunk,
-                     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, DIRECT: tl.constexpr,
+                               s_qb, s_qh, s_qg, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+                               s_ob, s_oh, s_os, s_og, s_lb, s_lh, s_ls,
+                               scale, groups, chunk,
+                               BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, DIRECT: tl.constexpr,
                                PRECISION: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -120,7 +120,7 @@ def _kernels():
 
     @triton.jit
     def decode_attention_combine(P, LSE, O, s_pb, s_ph, s_ps, s_pg, s_lb, s_lh, s_ls, s_ob, s_oh, s_og,
-                       splits, groups, BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr):
+                                 splits, groups, BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         offs_s = tl.arange(0, BLOCK_S)
