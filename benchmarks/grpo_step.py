@@ -1,7 +1,11 @@
 """One GRPO step, rlcore against TRL's GRPOTrainer, on one device, at equal precision.
 
-    python benchmarks/grpo_step.py [--shape 0.5b|1.5b|tiny] [--device cuda|cpu] [--steps 3]
-                                   [--precision mixed|float32|bf16] [--trl-vllm] [--skip-trl] [--json OUT]
+    python benchmarks/grpo_step.py [--shape 0.5b|1.5b|3b|7b|tiny] [--device cuda|cpu] [--steps 3]
+                                   [--precision mixed|float32|bf16] [--trl-vllm] [--skip-trl] [--lora RANK]
+                                   [--workload P S T R] [--json OUT]
+
+Issue 24's set: ``--shape 3b --trl-vllm`` (full fine-tuning), ``--shape 7b --lora 16 --trl-vllm``
+(LoRA on every linear layer, TRL through peft) and ``--shape 1.5b --workload 256 4 128 256``.
 
 The workload of issue 7: P prompts x S samples (64 x 4), 128-token prompts, 256-token responses
 forced to full length, one optimizer step, no KL. The model is randomly initialised with a real
@@ -49,7 +53,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from model_shapes import QWEN2_5_0_5B, QWEN2_5_1_5B  # benchmarks/ is the script directory, so on sys.path
+from model_shapes import QWEN2_5_0_5B, QWEN2_5_1_5B, QWEN2_5_3B, QWEN2_5_7B, config_kwargs  # benchmarks/ is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 # --precision -> ([model] dtype, [model] compute_dtype): what is stored, what is computed.
@@ -59,11 +63,14 @@ PEAK_TFLOPS = {"cuda": 790.0}  # measured dense bf16 matrix products on the H200
 SHAPES = {
     "0.5b": QWEN2_5_0_5B,
     "1.5b": QWEN2_5_1_5B,
+    "3b": QWEN2_5_3B,
+    "7b": QWEN2_5_7B,
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=128, vocab_size=4096),
 }
 # Workload per shape: (prompts, samples per prompt, prompt tokens, response tokens).
-WORKLOADS = {"0.5b": (64, 4, 128, 256), "1.5b": (64, 4, 128, 256), "tiny": (4, 2, 16, 16)}
+WORKLOADS = {"0.5b": (64, 4, 128, 256), "1.5b": (64, 4, 128, 256), "3b": (64, 4, 128, 256), "7b": (64, 4, 128, 256),
+             "tiny": (4, 2, 16, 16)}
 
 REWARD = '''
 def score(data_source, solution_str, ground_truth, extra_info=None):
@@ -99,8 +106,8 @@ def model_config(shape: str):
     from transformers import Qwen2Config
 
     tok_pad = SHAPES[shape]["vocab_size"] - 1
-    return Qwen2Config(**SHAPES[shape], tie_word_embeddings=True, max_position_embeddings=4096,
-                       bos_token_id=None, eos_token_id=None, pad_token_id=tok_pad)
+    return Qwen2Config(**config_kwargs(SHAPES[shape], max_position_embeddings=4096, bos_token_id=None, eos_token_id=None,
+                                       pad_token_id=tok_pad))
 
 
 def random_model(shape: str, device: str, dtype):
@@ -178,8 +185,15 @@ def run_trl(args, prompts: list[str]) -> dict:
     P, S, _, R = args.workload
     cuda = args.device.startswith("cuda")
     tf32_before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    model = random_model(args.shape, args.device, torch.float32)
+    # LoRA: a frozen bf16 base (what TRL + peft users load), float32 adapters (peft's default
+    # autocast), bf16 compute; as rlcore's LoRA run keeps it. Full fine-tuning: float32 weights.
+    model = random_model(args.shape, args.device, torch.bfloat16 if args.lora else torch.float32)
     tokenizer = build_tokenizer(SHAPES[args.shape]["vocab_size"], with_eos=True)
+    peft_config = None
+    if args.lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=args.lora, lora_alpha=2 * args.lora, target_modules="all-linear", task_type="CAUSAL_LM")
 
     def reward(completions, **kwargs):
         out = []
@@ -246,7 +260,7 @@ def run_trl(args, prompts: list[str]) -> dict:
     dataset = Dataset.from_dict({"prompt": prompts * (args.trl_steps if vllm else 1)})
     _reset_peak(args.device)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[timer])
+                          processing_class=tokenizer, callbacks=[timer], peft_config=peft_config)
     start = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - start
@@ -304,6 +318,7 @@ def write_manifest(args, shape: str, model_dir: Path, tokenizer_dir: Path, work:
     model_extra += f'attn_implementation = "{args.attn}"\n' if args.attn else ""
     if args.gradient_checkpointing:
         model_extra += "gradient_checkpointing = true\n"
+    lora_table = f"[model.lora]\nrank = {args.lora}\nalpha = {2 * args.lora}\n" if args.lora else ""
     text = f'''
 [run]
 name = "grpo-step-{shape}"
@@ -313,7 +328,7 @@ device = "{"cuda" if args.device.startswith("cuda") else "cpu"}"
 path = "{model_dir}"
 tokenizer = "{tokenizer_dir}"
 {model_extra}
-[data]
+{lora_table}[data]
 train = "{data}"
 prompts_per_step = {P}
 max_prompt_tokens = {T}
@@ -503,7 +518,7 @@ def run_trl_vllm_child(args) -> dict:
     command = [sys.executable, __file__, "--only", "trl-vllm", "--shape", args.shape, "--device", args.device,
                "--workload", *map(str, args.workload), "--trl-steps", str(args.trl_steps), "--trl-precision", args.trl_precision,
                "--trl-micro-batch", str(args.trl_micro_batch), "--trl-vllm-memory", str(args.trl_vllm_memory),
-               "--out", str(args.out), "--json", str(out)]
+               "--out", str(args.out), "--json", str(out), "--lora", str(args.lora)]
     if args.trl_no_gradient_checkpointing:
         command.append("--trl-no-gradient-checkpointing")
     subprocess.run(command, check=True)
@@ -531,6 +546,8 @@ def main() -> None:
     parser.add_argument("--only", choices=["trl-vllm"], default=None, help=argparse.SUPPRESS)
     parser.add_argument("--attn", default=None, help="[model] attn_implementation for rlcore (default: transformers' choice)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--lora", type=int, default=0, metavar="RANK",
+                        help="LoRA of this rank on every linear layer (alpha = 2 x rank) on both sides; TRL through peft")
     parser.add_argument("--micro-batch-tokens", type=int, default=4096)
     parser.add_argument("--trainer-option", action="append", default=[], metavar="KEY=TOML",
                         help="extra [trainer] keys (e.g. profile_steps=[2])")
@@ -558,7 +575,8 @@ def main() -> None:
                      "shape": args.shape, "precision": args.precision, "trl_precision": args.trl_precision, "torch": torch.__version__,
                      "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
                      "rlcore_options": {"attn_implementation": args.attn, "micro_batch_tokens": args.micro_batch_tokens,
-                                        "gradient_checkpointing": args.gradient_checkpointing, "engine": args.engine_option}}
+                                        "gradient_checkpointing": args.gradient_checkpointing, "engine": args.engine_option,
+                                        "lora_rank": args.lora or None}}
     if args.only == "trl-vllm":
         import trl
 

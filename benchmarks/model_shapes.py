@@ -1,7 +1,17 @@
 """The real architectures the GPU benchmarks build with random weights (speed does not depend on
-the weights' values), in one place: Qwen2 config keyword arguments, tied embeddings implied."""
+the weights' values), in one place: Qwen2 config keyword arguments. Embeddings are tied unless a
+shape says ``tie_word_embeddings=False`` (Qwen2.5-7B); build configs with :func:`config_kwargs`."""
 
 QWEN2_5_0_5B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                     num_key_value_heads=2, vocab_size=151936)
 QWEN2_5_1_5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                     num_key_value_heads=2, vocab_size=151936)
+QWEN2_5_3B = dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                  num_key_value_heads=2, vocab_size=151936)
+QWEN2_5_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                  num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False)
+
+
+def config_kwargs(shape: dict, **extra) -> dict:
+    """Qwen2Config keyword arguments for ``shape``: tied embeddings by default, then ``extra``."""
+    return {"tie_word_embeddings": True, **shape, **extra}

@@ -1,20 +1,28 @@
 """Where the GPU time goes, by kernel category (CUDA only; a development tool, no ratios to meet).
 
-    python benchmarks/profile_gpu.py [both|decode|train] [noeager]
+    python benchmarks/profile_gpu.py [decode|train|gemm|both] [--shape 0.5b|1.5b|3b|7b] [--batches 64,256]
+                                     [--capacities 384,1536] [--attention triton,sdpa] [noeager]
 
-decode: one step of the hf engine's fast path at batch 256 (compiled layers and compiled
-        sampling), profiled eagerly, then timed as a CUDA graph with and without the sampling.
+decode: one step of the hf engine's fast path (compiled layers and compiled sampling) at the first
+        batch and capacity, every row at position capacity - 128, profiled eagerly by kernel
+        category; then, for every attention kernel x batch x capacity, the step timed as a CUDA
+        graph with and without the sampling, beside its bounds (the weights and live KV read at
+        4.3 TB/s; the matrix products at 790 TFLOP/s).
+gemm:   each matrix product of one decoder layer and the lm_head at those batch sizes through
+        cuBLAS (torch.nn.functional.linear), alone and fused (q/k/v as one, gate/up as one):
+        microseconds, TFLOP/s and the weights' read rate.
 train:  the actor update at the Qwen2.5-0.5B shape (256 sequences x 384 tokens, packed), eager
         (unless ``noeager``) and with ``[model] compile``'s compiled layers and head, at 32K-,
         48K- and 96K-token micro-batches: ms per update, tokens/s, MFU by 6N against 790 TFLOP/s,
         peak memory, and a kernel-time breakdown (matrix products, fused Triton, element-wise...).
 
-The figures in docs/performance.md (issue 7, "where the time went") come from this script.
+The figures in docs/performance.md (issues 7 and 24, "where the time went") come from this script.
 """
-import sys, time, re, torch
+import argparse, sys, time, re, torch
 sys.path.insert(0, "benchmarks")
 from torch.profiler import profile, ProfilerActivity
 
+BANDWIDTH, MATMUL_FLOPS = 4.3e12, 790e12  # measured on the H200 (../shared/gpu/README.md)
 def cat(name):
     n = name.lower()
     if re.search(r"gemm|cutlass|sm90|nvjet|cublas|xmma|matmul", n): return "matmul"
@@ -35,40 +43,113 @@ def summary(prof, label, per=1, n=22):
     for e in sorted(evs, key=lambda e: -e.device_time_total)[:n]:
         print(f"  {e.device_time_total/1e3/per:8.2f} ms {e.count//per:5d}x  {e.key[:110]}")
 
-part = sys.argv[1] if len(sys.argv) > 1 else "both"
+parser = argparse.ArgumentParser()
+parser.add_argument("part", nargs="?", default="both", choices=["both", "decode", "train", "gemm"])
+parser.add_argument("noeager", nargs="?", default=None)
+parser.add_argument("--shape", default="0.5b")
+parser.add_argument("--batches", default="256")
+parser.add_argument("--capacities", default="384")
+parser.add_argument("--attention", default="triton,sdpa")
+args = parser.parse_args()
+part = args.part
+if args.noeager:
+    sys.argv.append("noeager")
+batches = [int(b) for b in args.batches.split(",")]
+capacities = [int(c) for c in args.capacities.split(",")]
 from grpo_step import random_model
+
+
+def graph_ms(fn, iters=30):
+    g = torch.cuda.CUDAGraph(); s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s): fn()
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g): fn()
+    for _ in range(3): g.replay()
+    torch.cuda.synchronize(); t = time.perf_counter()
+    for _ in range(iters): g.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / iters * 1e3
+
 
 if part in ("both", "decode"):
     from rlcore_rollout_hf.decoder import SlotDecoder
     from rlcore_rollout_hf.sampling import sample_with_uniform
-    m = random_model("0.5b", "cuda", torch.bfloat16)
-    d = SlotDecoder(m); d.compile_layers(True)
-    sample_with_uniform = torch.compile(sample_with_uniform, dynamic=False)
-    B, cap = 256, 384
-    cache = d.new_cache(B, cap)
-    tok = torch.randint(0, 1000, (B,), device="cuda"); pos = torch.full((B,), 250, device="cuda")
-    u = torch.rand(B, device="cuda")
-    def full():
-        lg = d.decode(cache, tok, pos)
-        return sample_with_uniform(lg, 1.0, 0, 1.0, u)
+    m = random_model(args.shape, "cuda", torch.bfloat16)
+    cfg = m.config
+    weight_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
+    emb = m.get_input_embeddings().weight
+    tied = m.get_output_embeddings().weight.data_ptr() == emb.data_ptr()
+    matrix_params = sum(p.numel() for p in m.parameters()) - (0 if tied else emb.numel())
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * 2
+    sample = torch.compile(sample_with_uniform, dynamic=False)
+    print(f"shape {args.shape}: {weight_bytes / 1e9:.2f} GB of bf16 weights ({weight_bytes / BANDWIDTH * 1e3:.2f} ms at 4.3 TB/s), "
+          f"{matrix_params / 1e9:.2f}B matrix parameters, {kv_per_token / 1024:.1f} KiB of KV per token")
+    rows = []
+    for kernel in args.attention.split(","):
+        d = SlotDecoder(m, attention=kernel); d.compile_layers(True); d.refresh()
+        for B in batches:
+            for cap in capacities:
+                cache = d.new_cache(B, cap)
+                for t in (*cache.keys, *cache.values):
+                    t.normal_()
+                tok = torch.randint(0, 1000, (B,), device="cuda"); pos = torch.full((B,), cap - 128, device="cuda")
+                u = torch.rand(B, device="cuda")
+                full = lambda: sample(d.decode(cache, tok, pos), 1.0, 0, 1.0, u)  # noqa: E731
+                with torch.inference_mode():
+                    for _ in range(3): full()
+                    torch.cuda.synchronize()
+                    if kernel == args.attention.split(",")[0] and B == batches[0] and cap == capacities[0]:
+                        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                            for _ in range(5): full()
+                            torch.cuda.synchronize()
+                        summary(prof, f"{args.shape} decode step ({kernel} attention, compiled layers) + sampling, batch {B}, cap {cap}", per=5, n=30)
+                    with_sample = graph_ms(full)
+                    alone = graph_ms(lambda: d.decode(cache, tok, pos))
+                read = (weight_bytes + B * (cap - 127) * kv_per_token) / BANDWIDTH * 1e3
+                flops = 2 * matrix_params * B / MATMUL_FLOPS * 1e3
+                rows.append((kernel, B, cap, with_sample, alone, read, flops))
+                del cache
+                torch.cuda.empty_cache()
+    # The prefill of the rollout benchmark's prompts: 256 x 128 tokens in one pass (PREFILL_TOKENS).
+    d = SlotDecoder(m); d.refresh()
+    cache = d.new_cache(256, 256)
+    ids = torch.randint(0, 1000, (256, 128), device="cuda")
     with torch.inference_mode():
-        for _ in range(3): full()
+        run = lambda: d.prefill(cache, ids, torch.full((256,), 128, device="cuda"), torch.arange(256, device="cuda"))  # noqa: E731
+        run(); torch.cuda.synchronize(); t = time.perf_counter()
+        for _ in range(3): run()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5): full()
-            torch.cuda.synchronize()
-        summary(prof, "decode step (compiled layers) + sampling, batch 256", per=5)
-        for name, fn in (("decode+sample", full), ("decode only", lambda: d.decode(cache, tok, pos))):
-            g = torch.cuda.CUDAGraph(); s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s): fn()
-            torch.cuda.current_stream().wait_stream(s)
-            with torch.cuda.graph(g): fn()
-            for _ in range(3): g.replay()
-            torch.cuda.synchronize(); t = time.perf_counter()
-            for _ in range(50): g.replay()
-            torch.cuda.synchronize(); ms = (time.perf_counter() - t) / 50 * 1e3
-            print(f"graph replay {name}: {ms:.3f} ms/step -> {B/ms*1e3:,.0f} tok/s")
-    del m, d, cache; torch.cuda.empty_cache()
+    ms = (time.perf_counter() - t) / 3 * 1e3
+    print(f"prefill 256 x 128 tokens: {ms:.1f} ms, {2 * matrix_params * 256 * 128 / ms / 1e9:.0f} TFLOP/s by 2N "
+          f"(bound {2 * matrix_params * 256 * 128 / MATMUL_FLOPS * 1e3:.1f} ms)")
+    del cache
+    print(f"\n{'attention':9} {'batch':>5} {'cap':>5} {'step+sample ms':>15} {'step ms':>8} {'read bound':>11} {'matmul bound':>13} {'of bound':>9}")
+    for kernel, B, cap, with_sample, alone, read, flops in rows:
+        print(f"{kernel:9} {B:5d} {cap:5d} {with_sample:15.3f} {alone:8.3f} {read:11.3f} {flops:13.3f} {max(read, flops) / with_sample:9.1%}")
+    del m; torch.cuda.empty_cache()
+
+if part in ("both", "gemm"):
+    import torch.nn.functional as F
+    from grpo_step import SHAPES
+    shape = SHAPES[args.shape]
+    H, I, heads, kvh = shape["hidden_size"], shape["intermediate_size"], shape["num_attention_heads"], shape["num_key_value_heads"]
+    D = H // heads
+    mats = {"q": (heads * D, H), "k": (kvh * D, H), "v": (kvh * D, H), "o": (H, heads * D), "gate": (I, H), "up": (I, H),
+            "down": (H, I), "qkv fused": ((heads + 2 * kvh) * D, H), "gate+up fused": (2 * I, H), "lm_head": (shape["vocab_size"], H)}
+    print(f"\n{'matrix':14} {'N x K':>14} {'batch':>5} {'us':>8} {'TFLOP/s':>8} {'weights GB/s':>13}")
+    from triton.testing import do_bench
+    for name, (n, k) in mats.items():
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(4)]  # rotate past the L2
+        for B in batches:
+            x = torch.randn(B, k, device="cuda", dtype=torch.bfloat16)
+            state = {"i": 0}
+            def go():
+                state["i"] = (state["i"] + 1) % 4
+                return F.linear(x, ws[state["i"]])
+            us = do_bench(go, warmup=25, rep=100, return_mode="median") * 1e3
+            print(f"{name:14} {f'{n}x{k}':>14} {B:5d} {us:8.1f} {2 * B * n * k / us / 1e6:8.1f} {n * k * 2 / us / 1e3:13.0f}")
+        del ws
 
 if part in ("both", "train"):
     from rlcore.trainer import attention

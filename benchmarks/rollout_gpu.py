@@ -13,7 +13,14 @@ engine runs every workload after a warm-up call of the same shape:
 
 transformers ``generate`` runs ``fixed`` only (it has no per-request lengths; as a baseline it
 is only needed there). Printed: generated tokens/s, the ratios, and the fraction of the decode
-roofline: each step must read the weights and the KV cache once at the measured 4.3 TB/s.
+roofline. Each decode step must read the weights and the live KV cache once (at the measured
+4.3 TB/s) AND do its matrix products (2 x matrix parameters x live rows FLOPs at the measured 790
+TFLOP/s): the step's bound is the larger of the two (at 7B and batch 256 the FLOPs set it). The
+last column adds the prefill's matrix products (each distinct prompt once) to that bound.
+
+Variants of rlcore's ``hf`` engine: ``compiled`` (the CUDA defaults: graphs, compiled layers and
+sampling, the Triton decode attention), ``compiled-sdpa`` (the same with the masked SDPA attention
+over the whole cache, as before issue 24), ``graphs``, ``eager``, ``plain``.
 """
 
 from __future__ import annotations
@@ -29,15 +36,18 @@ from pathlib import Path
 
 import torch
 
-from model_shapes import QWEN2_5_0_5B, QWEN2_5_1_5B  # benchmarks/ is the script directory, so on sys.path
+from model_shapes import QWEN2_5_0_5B, QWEN2_5_1_5B, QWEN2_5_3B, QWEN2_5_7B, config_kwargs  # benchmarks/ is on sys.path
 
 SHAPES = {
     "qwen2.5-0.5b": QWEN2_5_0_5B,
     "qwen2.5-1.5b": QWEN2_5_1_5B,
+    "qwen2.5-3b": QWEN2_5_3B,
+    "qwen2.5-7b": QWEN2_5_7B,
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1000),
 }
 BANDWIDTH = 4.3e12  # bytes/s, measured device-memory copies on the H200
+MATMUL_FLOPS = 790e12  # FLOP/s, measured dense bf16 matrix products on the H200
 PROMPT_TOKENS = 128
 
 
@@ -56,25 +66,33 @@ def generated(work: dict) -> int:
     return sum(work["caps"]) * work["n"]
 
 
-def roofline(config, work: dict, param_bytes: int) -> float:
-    """Tokens/s if every decode step only read the weights and the live KV cache once."""
+def matrix_parameters(model) -> int:
+    """Parameters that take part in a matrix product per token: all but the input embedding,
+    unless it is tied to the output head (then it is the head's weight)."""
+    embedding = model.get_input_embeddings().weight
+    tied = model.get_output_embeddings().weight.data_ptr() == embedding.data_ptr()
+    return sum(p.numel() for p in model.parameters()) - (0 if tied else embedding.numel())
+
+
+def roofline(config, work: dict, param_bytes: int, matrix_params: int) -> dict:
+    """Tokens/s if every decode step took the larger of (reading the weights and the live KV cache
+    once) and (its matrix products); ``with_prefill`` adds the prompts' matrix products."""
     head_dim = config.hidden_size // config.num_attention_heads
     per_token_kv = config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * 2
     caps = [c for c in work["caps"] for _ in range(work["n"])]
-    steps = max(caps)
     seconds = 0.0
-    for step in range(steps):
-        live = [c for c in caps if c > step]
-        kv = sum(PROMPT_TOKENS + step for _ in live) * per_token_kv
-        seconds += (param_bytes + kv) / BANDWIDTH
-    return sum(caps) / seconds
+    for step in range(max(caps)):
+        live = sum(1 for c in caps if c > step)
+        read = (param_bytes + live * (PROMPT_TOKENS + step) * per_token_kv) / BANDWIDTH
+        seconds += max(read, 2 * matrix_params * live / MATMUL_FLOPS)
+    prefill = 2 * matrix_params * PROMPT_TOKENS * len(work["prompts"]) / MATMUL_FLOPS
+    return {"decode": sum(caps) / seconds, "with_prefill": sum(caps) / (seconds + prefill)}
 
 
 def build_model(shape: str, device: str):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(tie_word_embeddings=True, max_position_embeddings=4096, eos_token_id=None,
-                         bos_token_id=None, **SHAPES[shape])
+    config = Qwen2Config(**config_kwargs(SHAPES[shape], max_position_embeddings=4096, eos_token_id=None, bos_token_id=None))
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
@@ -158,19 +176,21 @@ def main() -> int:
     parser.add_argument("--max-new", type=int, default=256)
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--no-transformers", action="store_true")
-    parser.add_argument("--variants", default="graphs", help="comma list of: compiled, graphs, eager, plain")
+    parser.add_argument("--variants", default="compiled", help="comma list of: compiled, compiled-sdpa, graphs, eager, plain")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
     model = build_model(args.shape, args.device)
     config = model.config
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    matrix_params = matrix_parameters(model)
     works = workloads(args.max_new, args.prompts, config.vocab_size)
     results: dict = {"shape": args.shape, "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-                     "roofline_tokens_per_s": {k: roofline(config, w, param_bytes) for k, w in works.items()}}
+                     "roofline_tokens_per_s": {k: roofline(config, w, param_bytes, matrix_params) for k, w in works.items()}}
     variants = {
         "graphs": dict(fast_path="on", cuda_graphs=True, compile=False, max_batch_size=args.prompts),
         "compiled": dict(fast_path="on", cuda_graphs=True, compile=True, max_batch_size=args.prompts),
+        "compiled-sdpa": dict(fast_path="on", cuda_graphs=True, compile=True, max_batch_size=args.prompts, decode_attention="sdpa"),
         "eager": dict(fast_path="on", cuda_graphs=False, compile=False, max_batch_size=args.prompts),
         "plain": dict(fast_path="off", max_batch_size=args.prompts),
     }
@@ -192,7 +212,7 @@ def main() -> int:
         except ImportError as error:
             print(f"vLLM not importable ({error}); skipped", file=sys.stderr)
 
-    print(f"\n{'workload':10} {'engine':18} {'tokens/s':>10} {'x transformers':>15} {'x vLLM':>8} {'of roofline':>12}")
+    print(f"\n{'workload':10} {'engine':22} {'tokens/s':>10} {'x transformers':>15} {'x vLLM':>8} {'of roofline':>12} {'+prefill':>9}")
     for name in works:
         for engine in [k for k in results if k.startswith("rlcore-") or k in ("transformers", "vllm")]:
             row = results[engine].get(name)
@@ -201,9 +221,9 @@ def main() -> int:
             tps = row["tokens_per_s"]
             vs_hf = tps / results["transformers"]["fixed"]["tokens_per_s"] if "transformers" in results and name == "fixed" else None
             vs_vllm = tps / results["vllm"][name]["tokens_per_s"] if "vllm" in results else None
-            fraction = tps / results["roofline_tokens_per_s"][name]
-            print(f"{name:10} {engine:18} {tps:10.0f} {vs_hf if vs_hf else float('nan'):15.2f} "
-                  f"{vs_vllm if vs_vllm else float('nan'):8.2f} {fraction:12.1%}")
+            bound = results["roofline_tokens_per_s"][name]
+            print(f"{name:10} {engine:22} {tps:10.0f} {vs_hf if vs_hf else float('nan'):15.2f} "
+                  f"{vs_vllm if vs_vllm else float('nan'):8.2f} {tps / bound['decode']:12.1%} {tps / bound['with_prefill']:9.1%}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

@@ -78,11 +78,13 @@ def write_shards(named_tensors: NamedTensors, directory: str | Path, max_bytes: 
 
 def adapter_config(lora: Any) -> dict[str, Any]:
     """PEFT's adapter_config.json for ``lora``: a dict (taken as adapter_config.json when it has
-    ``peft_type``, else as rank/alpha/target_modules/dropout), or any object with ``rank`` and
+    ``peft_type``, its ``peft_config`` entry when it has one, else rank/alpha/target_modules/dropout), or any object with ``rank`` and
     ``alpha`` (rlcore's ``[model.lora]`` table, the vllm plugin's LoraSpec), or with ``peft_config``."""
     if isinstance(lora, Mapping):
         if "peft_type" in lora:
             return dict(lora)
+        if lora.get("peft_config"):
+            return dict(lora["peft_config"])
         get = lora.get
     else:
         if getattr(lora, "peft_config", None):

@@ -85,17 +85,22 @@ class Actor(precision.TrainedRole):
         """Inside: a sharded actor's parameters stay gathered (an engine generating with it)."""
         return unsharded(self.policy)
 
+    # Set (to lora.adapter_spec) when the engine loads LoRA adapters itself: then only the adapter
+    # tensors travel, with this spec as update_weights' ``lora``.
+    engine_lora: dict | None = None
+
     def weights_for_engine(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The actor's weights under Hugging Face names (LoRA merged in), produced lazily: an
-        engine that shares the actor's parameters never iterates it. With several ranks each
-        tensor is gathered from the FSDP shards (one rank's too, under fsdp_offload) as it is produced, one at a time, so no rank
+        """The actor's weights under Hugging Face names (LoRA merged in), or only its LoRA adapter
+        tensors (PEFT names) when ``engine_lora`` is set, produced lazily: an engine that shares
+        the actor's parameters never iterates it. With several ranks each tensor is gathered
+        from the FSDP shards (one rank's too, under fsdp_offload) as it is produced, one at a time, so no rank
         ever holds a second full copy; every rank must iterate to the end (each gather is a
         collective), which every rank's own engine does in ``update_weights``."""
         from torch.distributed.tensor import DTensor
 
-        from rlcore.trainer.lora import merged_state
+        from rlcore.trainer.lora import adapter_state, merged_state
 
-        for name, tensor in merged_state(self.module):
+        for name, tensor in (adapter_state if self.engine_lora else merged_state)(self.module):
             yield name, (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor)
 
     def update(self, batch: RolloutBatch, temperature: float, has_old: bool, policy_loss, with_reference: bool) -> dict[str, float]:

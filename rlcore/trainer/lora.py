@@ -1,6 +1,7 @@
-"""The actor's weights with LoRA adapters merged in, for engines that hold plain weights.
+"""The actor's weights for an engine that holds its own copy: the adapters alone for engines
+that load LoRA adapters (:func:`takes_adapters`), else the weights with the adapters merged in.
 
-Why not peft's ``merge_adapter`` / ``unmerge_adapter``: they add the adapters' product into the
+For the merged weights, why not peft's ``merge_adapter`` / ``unmerge_adapter``: they add the adapters' product into the
 frozen base weights and subtract it again, in the base weights' dtype. Under mixed precision the
 frozen base is bfloat16, where ``(w + d) - d`` is not ``w``: the base would drift a little at
 every weight sync. Here each merged tensor is a new one, ``base + delta`` computed in float32,
@@ -35,3 +36,34 @@ def merged_state(actor: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
                 if deltas and not layer.merged:
                     tensor = (tensor.float() + sum(d.float() for d in deltas)).to(tensor.dtype)
             yield name.replace(".base_layer", ""), tensor
+
+
+def takes_adapters(engine) -> bool:
+    """Whether ``engine`` loads LoRA adapters itself: its ``update_weights`` has a ``lora``
+    parameter (the interface's optional keyword) and it does not say ``accepts_lora = False``
+    (vLLM started without LoRA support, say). A ``**kwargs`` forwarder (the split engine process)
+    does not count: what is behind it is not known here."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(engine.update_weights).parameters
+    except (TypeError, ValueError):
+        return False
+    return "lora" in parameters and bool(getattr(engine, "accepts_lora", True))
+
+
+def adapter_state(actor: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The active adapter's tensors under the names PEFT saves them with
+    (``peft.get_peft_model_state_dict``): what ``update_weights(..., lora=...)`` receives."""
+    from peft import get_peft_model_state_dict
+
+    yield from get_peft_model_state_dict(actor).items()
+
+
+def adapter_spec(actor: torch.nn.Module) -> dict:
+    """What an engine needs beside the tensors: rank, alpha, target modules and dropout, and the
+    whole adapter_config.json as ``peft_config`` (the resolved target modules, bias, ...)."""
+    config = actor.peft_config[actor.active_adapter]
+    saved = {key: sorted(value) if isinstance(value, set) else value for key, value in config.to_dict().items()}
+    return {"rank": config.r, "alpha": config.lora_alpha, "target_modules": saved["target_modules"],
+            "dropout": config.lora_dropout, "peft_config": saved}

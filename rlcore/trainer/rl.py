@@ -34,6 +34,7 @@ from rlcore.trainer.checkpoint import Checkpointer
 from rlcore.trainer.data_cursor import DataCursor, MixedCursor, shares
 from rlcore.trainer.distributed import Distributed, combine_metrics
 from rlcore.trainer.flops import mfu, peak_tflops
+from rlcore.trainer.lora import adapter_spec, takes_adapters
 from rlcore.trainer.phases import MemoryHistory, Timer, profiled
 from rlcore.trainer.reference import build_reference
 from rlcore.trainer.rollout import Rollout
@@ -125,6 +126,9 @@ class RLTrainer:
                 "gathered from the shards for it, which is not done for LoRA adapters yet; train the LoRA run on one "
                 "rank without fsdp_offload, or use the hf engine sharing the actor"
             )
+        if cfg.model.lora is not None and not engine.shares_actor and takes_adapters(engine):
+            self.actor.engine_lora = adapter_spec(self.actor.module)
+            logger.info("LoRA: the engine receives the adapters alone at each weight sync (rank {})", cfg.model.lora.rank)
         self.rollout = Rollout(engine, self._build("agent.loop", context), self.actor)
         self._load_data()
 

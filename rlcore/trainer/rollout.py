@@ -30,5 +30,10 @@ class Rollout:
         return self.agent.run(prompts, self.engine, params)
 
     def sync(self, named_tensors: Iterable) -> None:
-        """Give the engine the actor's new weights (a no-op for an engine that shares them)."""
-        self.engine.update_weights(named_tensors)
+        """Give the engine the actor's new weights (a no-op for an engine that shares them); LoRA
+        adapters alone, with their spec, to an engine that loads adapters (``actor.engine_lora``)."""
+        lora = getattr(self.actor, "engine_lora", None)
+        if lora is not None:
+            self.engine.update_weights(named_tensors, lora=lora)
+        else:
+            self.engine.update_weights(named_tensors)

@@ -80,3 +80,71 @@ def test_cuda_graph_fast_path_equals_the_plain_path_under_refills_and_caps():
     first = engine.generate(prompts, sampled, caps)
     assert [[c.token_ids for c in g] for g in first] == [[c.token_ids for c in g] for g in engine.generate(prompts, sampled, caps)]
     assert [len(c.token_ids) for group in first for c in group] == [cap for cap in caps for _ in range(4)]
+
+
+@pytest.mark.parametrize("batch,kv_heads,groups,head_dim,capacity", [
+    (1, 2, 7, 64, 128), (3, 2, 6, 128, 384), (64, 4, 7, 128, 1536), (256, 2, 8, 128, 384), (300, 4, 7, 128, 200),
+])
+def test_triton_decode_attention_matches_the_sdpa_reference(batch, kv_heads, groups, head_dim, capacity):
+    from rlcore_rollout_hf.decode_attention import decode_attention, sdpa_decode_attention, splits_for, usable
+
+    if not usable(torch.device("cuda"), head_dim):
+        pytest.skip("Triton is not installed")
+    g = torch.Generator(device="cuda").manual_seed(batch)
+    rows = batch + 3  # the cache has more rows than the batch uses
+    q = torch.randn(batch, kv_heads, groups, head_dim, device="cuda", generator=g).bfloat16()
+    keys = torch.randn(rows, kv_heads, capacity, head_dim, device="cuda", generator=g).bfloat16()
+    values = torch.randn(rows, kv_heads, capacity, head_dim, device="cuda", generator=g).bfloat16()
+    positions = torch.randint(0, capacity, (batch,), device="cuda", generator=g)
+    positions[0], positions[-1] = 0, capacity - 1
+    scale = head_dim**-0.5
+    reference = sdpa_decode_attention(q.double(), keys.double(), values.double(), positions, scale)
+
+    def error(out):
+        assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+        return ((out.double() - reference).norm() / reference.norm()).item()
+
+    assert error(decode_attention(q, keys, values, positions, scale, "triton")) < 1e-2
+    assert error(decode_attention(q, keys, values, positions, scale, "sdpa")) < 1e-2
+    assert splits_for(batch, kv_heads, capacity) >= 1
+    # Keys after a row's position must not count: poisoning them changes nothing.
+    poisoned_k, poisoned_v = keys.clone(), values.clone()
+    after = torch.arange(capacity, device="cuda")[None, :] > positions[:, None]
+    poisoned_k[:batch].masked_fill_(after[:, None, :, None], 30.0)
+    poisoned_v[:batch].masked_fill_(after[:, None, :, None], float("nan"))
+    assert error(decode_attention(q, poisoned_k, poisoned_v, positions, scale, "triton")) < 1e-2
+    # Captured in a CUDA graph, a replay follows the positions written into the captured tensor.
+    out = torch.empty_like(q)
+    decode_attention(q, keys, values, positions, scale, "triton")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out.copy_(decode_attention(q, keys, values, positions, scale, "triton"))
+    new_positions = torch.randint(0, capacity, (batch,), device="cuda", generator=g)
+    positions.copy_(new_positions)
+    out.fill_(float("nan"))
+    graph.replay()
+    reference = sdpa_decode_attention(q.double(), keys.double(), values.double(), new_positions, scale)
+    assert error(out) < 1e-2
+
+
+def test_fast_path_with_the_triton_attention_equals_the_sdpa_one():
+    """float32 (the kernel's products are IEEE there): greedy tokens identical, log-probs to rounding,
+    through graphs, compiled layers, refills and compaction."""
+    from rlcore_rollout_hf.decode_attention import usable
+
+    if not usable(torch.device("cuda"), 16):
+        pytest.skip("Triton is not installed")
+    actor = tiny_llama().cuda()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, VOCAB, (int(n),), generator=g).tolist() for n in torch.randint(1, 90, (40,), generator=g)]
+    caps = torch.randint(1, 60, (40,), generator=g).tolist()
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=60, stop_token_ids=[7])
+    out = {}
+    for kernel in ("triton", "sdpa"):
+        engine = build(HFEngineOptions(max_batch_size=32, sync_every=4, decode_attention=kernel, compile=True),
+                       BuildContext(actor=actor, device="cuda"))
+        assert engine.fast.decoder.attention == kernel
+        out[kernel] = [c for group in engine.generate(prompts, params, caps) for c in group]
+    assert [c.token_ids for c in out["triton"]] == [c.token_ids for c in out["sdpa"]]
+    gap = max(abs(a - b) for x, y in zip(out["triton"], out["sdpa"]) for a, b in zip(x.logprobs, y.logprobs))
+    assert gap < 1e-4, gap

@@ -178,3 +178,33 @@ def test_compiled_decode_layers_give_the_same_tokens():
     assert engine.fast.sample is not sample_with_uniform
     assert flat(compiled_out) == flat(eager_out)
     assert largest_logprob_gap(compiled_out, eager_out) < 1e-4
+
+
+def test_the_triton_decode_attention_is_refused_where_it_cannot_run_and_auto_falls_back():
+    model = build("llama")
+    with pytest.raises(UsageError, match="decode_attention"):
+        HFRolloutEngine(model, options=HFEngineOptions(fast_path="on", decode_attention="triton"))
+    engine = HFRolloutEngine(model, options=HFEngineOptions(fast_path="on"))
+    assert engine.fast.decoder.attention == "sdpa"  # on CPU
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])  # without and with q/k/v biases
+def test_fused_qkv_projections_follow_in_place_updates_and_skip_lora_layers(kind):
+    from rlcore_rollout_hf.decoder import FusedQKV
+
+    model = build(kind)
+    items = prompts(4, seed=7)
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=12)
+    engine = HFRolloutEngine(model, options=HFEngineOptions(fast_path="on"))
+    assert engine.fast.decoder.fused is None  # CPU default: separate products
+    engine.fast.decoder.fused = FusedQKV(engine.fast.decoder.layers)  # as on CUDA
+    plain = flat(run(model, items, params, fast_path="off"))
+    assert flat(engine.generate(items, params)) == plain
+    assert all(f is not None for f in engine.fast.decoder.fused.weights)
+    with torch.no_grad():  # an optimizer step: the fused copies must follow
+        for tensor in model.parameters():
+            tensor.add_(torch.randn_like(tensor) * 0.2)
+    assert flat(engine.generate(items, params)) == flat(run(model, items, params, fast_path="off")) != plain
+    peft = pytest.importorskip("peft")
+    lora = peft.get_peft_model(build(kind), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    assert not any(FusedQKV.fusable(layer.self_attn) for layer in lora.get_base_model().model.layers)

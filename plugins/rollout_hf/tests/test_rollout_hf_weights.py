@@ -153,3 +153,29 @@ def test_dtype_override_and_load_errors(tiny, tmp_path):
 )
 def test_canonical_names(name, want):
     assert canonical_name(name) == want
+
+
+@pytest.mark.parametrize("fast_path", ["on", "off"])
+def test_update_weights_with_lora_loads_the_adapter_alone(tiny, tokenizer, chat_prompts, tmp_path, fast_path):
+    import copy
+
+    from rlcore.trainer.lora import adapter_spec, adapter_state, takes_adapters
+
+    tiny.save_pretrained(tmp_path / "model")
+    engine = build(HFEngineOptions(fast_path=fast_path), BuildContext(model_path=str(tmp_path / "model"), tokenizer=tokenizer))
+    base = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    trained = lora(copy.deepcopy(tiny), seed=3)
+    assert takes_adapters(engine)
+    for _ in range(2):  # the first sync injects the LoRA layers, the second loads new values into them
+        with torch.no_grad():
+            for name, tensor in trained.named_parameters():
+                if "lora_B" in name:
+                    tensor.normal_(std=0.3)
+        sent = list(adapter_state(trained))
+        assert sent and all("lora_" in name for name, _ in sent)
+        engine.update_weights(sent, lora=adapter_spec(trained))
+        assert greedy_tokens(engine, chat_prompts) == hf_greedy(trained, chat_prompts)
+    kept = {canonical_name(k): v for k, v in engine.model.get_base_model().state_dict().items() if "lora_" not in k}
+    assert all(torch.equal(kept[k], v) for k, v in base.items())  # the base weights were not touched
+    with pytest.raises(UsageError, match="only LoRA adapter tensors"):
+        engine.update_weights([("model.norm.weight", torch.ones(4))], lora=adapter_spec(trained))

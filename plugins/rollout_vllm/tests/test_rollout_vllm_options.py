@@ -101,3 +101,30 @@ def test_gguf_and_missing_model_are_usage_errors():
     with pytest.raises(UsageError, match="gguf_file is not supported, use the hf engine"):
         engine_kwargs(VLLMOptions(), BuildContext(model_path="/m", gguf_file="x.gguf"))
     assert engine_kwargs(VLLMOptions(model="/own"), BuildContext(model_path="/m"))["model"] == "/own"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_fp8_quantization_passes_through_with_the_mismatch_correction_on(version):
+    opts = VLLMOptions(quantization="fp8")
+    corrected = BuildContext(model_path="/m", manifest={"algorithm": {"rollout_correction": "token_truncate"}})
+    kwargs = engine_kwargs(opts, corrected)
+    assert kwargs["quantization"] == "fp8" and set(kwargs) <= names("engine-args", version)
+    assert "quantization" not in engine_kwargs(VLLMOptions(), corrected)
+    assert engine_kwargs(opts, BuildContext(model_path="/m", manifest={"algorithm": {"tis_cap": 2.0}}))["quantization"] == "fp8"
+    with pytest.raises(UsageError, match=r'quantization = "fp8".*rollout_correction'):
+        engine_kwargs(opts, BuildContext(model_path="/m", manifest={"algorithm": {"advantage": "grpo"}}))
+    assert "set rollout.quantization instead" in _error(engine_args={"quantization": "fp8"})
+    assert "fp8" in _error(quantization="int4")
+
+
+def test_lora_adapters_are_taken_only_when_vllm_starts_with_lora():
+    from rlcore.trainer.lora import takes_adapters
+    from rlcore_rollout_vllm.colocated import VLLMColocatedEngine
+    from rlcore_rollout_vllm.server import VLLMServerEngine
+
+    for cls in (VLLMColocatedEngine, VLLMServerEngine):
+        engine = cls.__new__(cls)  # the options alone decide; nothing is started
+        engine.options = VLLMOptions(lora_rank=16)
+        assert takes_adapters(engine)
+        engine.options = VLLMOptions()
+        assert not takes_adapters(engine)

@@ -8,7 +8,8 @@ step's GPU time) and its mask logic runs on the host. So this module re-runs the
 recipe -- pre-norm attention and MLP with residuals -- by calling the model's OWN submodules
 (projections, norms, MLP, rotary embedding and its ``apply_rotary_pos_emb``): peft adapters,
 rotary scaling variants and the actor's current parameters all apply as they are, and nothing is
-copied. Only the attention over the cache is written here.
+copied. Only the attention over the cache is written here (``decode_attention.py``: on CUDA a
+Triton kernel that reads each row's live keys only).
 
 Architectures whose layers follow that recipe are listed in :data:`SUPPORTED_MODEL_TYPES`;
 :func:`unsupported_reason` says why any other model must use the plain path.
@@ -21,6 +22,8 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+
+from rlcore_rollout_hf.decode_attention import decode_attention, usable
 
 # Norm classes that are exactly ``weight * rms_normalise(x)``: run as one fused F.rms_norm call
 # instead of the module's seven element-wise kernels.
@@ -86,10 +89,69 @@ class SlotCache:
             tensor[target, :, :length] = tensor[source, :, :length]
 
 
+class FusedQKV:
+    """The q, k and v projections of every layer as one matrix product each.
+
+    Why: at batch 256 cuBLAS takes as long for the 512-row k or v projection of a 7B model as for
+    most of the 3584-row q projection (11-12 us each on an H200, against 21 us for the three in
+    one product): about 0.6 ms of a 9 ms decode step. The fused weights are a copy, so they are
+    refreshed from the model's own projections before each generation (an in-place copy: captured
+    graphs stay valid). Only plain ``nn.Linear`` projections are fused; a layer whose projections
+    carry LoRA adapters (or any other wrapper) keeps calling them, so the adapters still apply.
+    """
+
+    def __init__(self, layers: list):
+        self.layers = layers
+        self.weights: list[tuple[torch.Tensor, torch.Tensor | None] | None] | None = None
+
+    @staticmethod
+    def fusable(attn: Any) -> bool:
+        projections = [attn.q_proj, attn.k_proj, attn.v_proj]
+        if not all(type(p) is torch.nn.Linear for p in projections):
+            return False
+        return len({p.bias is None for p in projections}) == 1 and len({(p.weight.dtype, p.weight.device) for p in projections}) == 1
+
+    def refresh(self) -> None:
+        """Copy the projections' current weights in (allocating the copies on first use, and anew
+        when a layer's projections changed kind: LoRA layers injected into an engine's copy)."""
+        with torch.inference_mode():
+            plan = [self.fusable(layer.self_attn) for layer in self.layers]
+            if self.weights is not None and plan != [f is not None for f in self.weights]:
+                self.weights = None
+            if self.weights is None:
+                self.weights = []
+                for layer in self.layers:
+                    attn = layer.self_attn
+                    if not self.fusable(attn):
+                        self.weights.append(None)
+                        continue
+                    parts = (attn.q_proj, attn.k_proj, attn.v_proj)
+                    weight = torch.cat([p.weight for p in parts])
+                    bias = torch.cat([p.bias for p in parts]) if parts[0].bias is not None else None
+                    self.weights.append((weight, bias))
+                return
+            for layer, fused in zip(self.layers, self.weights):
+                if fused is None:
+                    continue
+                attn = layer.self_attn
+                torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], out=fused[0])
+                if fused[1] is not None:
+                    torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias], out=fused[1])
+
+    def release(self) -> None:
+        self.weights = None
+
+    def get(self, index: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        return self.weights[index] if self.weights is not None else None
+
+    def pointers(self) -> tuple[int, ...]:
+        return tuple(f[0].data_ptr() for f in self.weights or () if f is not None)
+
+
 class SlotDecoder:
     """Prefill and decode for one supported model over a :class:`SlotCache`."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, attention: str = "auto", fuse_qkv: bool | None = None):
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(reason)
@@ -106,11 +168,31 @@ class SlotDecoder:
         self.apply_rope: Callable = sys.modules[type(attn).__module__].apply_rotary_pos_emb
         self.embed = self.lm.get_input_embeddings()
         self.layer_step = self._layer_step
+        device = self.embed.weight.device
+        if attention == "triton" and not usable(device, self.head_dim):
+            raise ValueError(f"the Triton decode attention needs CUDA, Triton and a power-of-two head size (here {device}, "
+                             f"head size {self.head_dim})")
+        # "triton": the live-keys kernel; "sdpa": one masked SDPA call over the whole capacity.
+        self.attention = "triton" if attention == "triton" or (attention == "auto" and usable(device, self.head_dim)) else "sdpa"
+        # Default: fused on CUDA, where the product's shape matters (see FusedQKV).
+        self.fused = FusedQKV(self.layers) if (device.type == "cuda" if fuse_qkv is None else fuse_qkv) else None
+
+    def refresh(self) -> None:
+        """Bring weight copies (the fused projections) up to date with the model: before generating."""
+        if self.fused is not None:
+            self.fused.refresh()
+
+    def release(self) -> None:
+        if self.fused is not None:
+            self.fused.release()
+
+    def _fused(self, index: int):
+        return self.fused.get(index) if self.fused is not None else None
 
     def parameters_signature(self) -> tuple[int, ...]:
-        """Storage addresses of every parameter: a captured graph is valid while these stay put
-        (an optimizer updates in place; an FSDP gather allocates anew)."""
-        return tuple(p.data_ptr() for p in self.lm.parameters())
+        """Storage addresses of every parameter (and of the fused copies): a captured graph is valid
+        while these stay put (an optimizer updates in place; an FSDP gather allocates anew)."""
+        return tuple(p.data_ptr() for p in self.lm.parameters()) + (self.fused.pointers() if self.fused else ())
 
     def new_cache(self, rows: int, capacity: int) -> SlotCache:
         weight = self.embed.weight
@@ -122,12 +204,17 @@ class SlotDecoder:
             return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
         return module(x)
 
-    def _qkv(self, attn: Any, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """[B, T, hidden] -> q [B, heads, T, D], k and v [B, kv_heads, T, D], rotary applied."""
+    def _qkv(self, attn: Any, x: torch.Tensor, cos, sin, fused=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[B, T, hidden] -> q [B, heads, T, D], k and v [B, kv_heads, T, D], rotary applied;
+        ``fused``: (weight, bias) of the three projections as one (:class:`FusedQKV`)."""
         batch, length = x.shape[:2]
-        q = attn.q_proj(x).view(batch, length, self.heads, self.head_dim)
-        k = attn.k_proj(x).view(batch, length, self.kv_heads, self.head_dim)
-        v = attn.v_proj(x).view(batch, length, self.kv_heads, self.head_dim)
+        if fused is not None:
+            q, k, v = F.linear(x, *fused).split([self.heads * self.head_dim, *[self.kv_heads * self.head_dim] * 2], dim=-1)
+        else:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        q = q.view(batch, length, self.heads, self.head_dim)
+        k = k.view(batch, length, self.kv_heads, self.head_dim)
+        v = v.view(batch, length, self.kv_heads, self.head_dim)
         if hasattr(attn, "q_norm"):
             q, k = self._norm(attn.q_norm, q), self._norm(attn.k_norm, k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -149,7 +236,7 @@ class SlotDecoder:
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
             residual = hidden
-            q, k, v = self._qkv(attn, self._norm(layer.input_layernorm, hidden), cos, sin)
+            q, k, v = self._qkv(attn, self._norm(layer.input_layernorm, hidden), cos, sin, self._fused(index))
             cache.keys[index][rows, :, :width] = k
             cache.values[index][rows, :, :width] = v
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling, enable_gqa=self.groups > 1)
@@ -164,29 +251,27 @@ class SlotDecoder:
         Shapes depend only on B and the cache capacity, and nothing reads back to the host, so the
         call can be captured in a CUDA graph."""
         batch = tokens.shape[0]
-        capacity = cache.capacity
         rows = torch.arange(batch, device=tokens.device)
         hidden = self.embed(tokens[:, None])
         cos, sin = self.inner.rotary_emb(hidden, positions[:, None])
-        # A row sees the keys up to its own position; those after it are stale or empty.
-        visible = torch.arange(capacity, device=tokens.device)[None, :] <= positions[:, None]
-        visible = visible[:, None, None, :]  # [B, 1, 1, capacity], broadcast over kv heads and groups
         for index, layer in enumerate(self.layers):
-            hidden = self.layer_step(layer, hidden, cos, sin, cache.keys[index], cache.values[index], rows, positions, visible)
+            hidden = self.layer_step(layer, hidden, cos, sin, cache.keys[index], cache.values[index], rows, positions,
+                                     self._fused(index))
         return self._logits(hidden[:, 0])
 
-    def _layer_step(self, layer, hidden, cos, sin, keys, values, rows, positions, visible) -> torch.Tensor:
+    def _layer_step(self, layer, hidden, cos, sin, keys, values, rows, positions, fused=None) -> torch.Tensor:
         """One decoder layer for one new token per row; writes that token's key and value."""
         batch = hidden.shape[0]
         attn = layer.self_attn
         residual = hidden
-        q, k, v = self._qkv(attn, self._norm(layer.input_layernorm, hidden), cos, sin)
+        q, k, v = self._qkv(attn, self._norm(layer.input_layernorm, hidden), cos, sin, fused)
         keys[rows, :, positions] = k[:, :, 0]
         values[rows, :, positions] = v[:, :, 0]
         # The query heads of one kv head (head h uses kv head h // groups) go in as that kv
-        # head's "query positions": one attention call, no repeated keys.
+        # head's "query positions": one attention call, no repeated keys. A row sees the keys up
+        # to its own position; those after it are stale or empty.
         q = q.reshape(batch, self.kv_heads, self.groups, self.head_dim)
-        out = F.scaled_dot_product_attention(q, keys[:batch], values[:batch], attn_mask=visible, scale=self.scaling)
+        out = decode_attention(q, keys, values, positions, self.scaling, self.attention)
         hidden = residual + attn.o_proj(out.reshape(batch, 1, -1))
         return hidden + layer.mlp(self._norm(layer.post_attention_layernorm, hidden))
 

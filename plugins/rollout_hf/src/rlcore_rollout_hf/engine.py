@@ -31,7 +31,7 @@ from rlcore_rollout_hf.fast_path import FastGenerator
 from rlcore_rollout_hf.options import HFEngineOptions
 from rlcore_rollout_hf.sampling import sample_next
 from rlcore_rollout_hf.stopping import StopChecker, collect_stop_ids
-from rlcore_rollout_hf.weights import copy_named_tensors
+from rlcore_rollout_hf.weights import copy_named_tensors, load_adapter
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -107,8 +107,12 @@ class HFRolloutEngine:
             if mode == "on":
                 raise UsageError(f"[rollout] fast_path = \"on\" cannot run this model: {reason}; use \"auto\" or \"off\"")
             return None
+        try:
+            decoder = SlotDecoder(self.model, attention=self.options.decode_attention)
+        except ValueError as error:  # the model itself passed unsupported_reason: the attention kernel cannot run
+            raise UsageError(f'[rollout] decode_attention = "triton": {error}; use "auto" or "sdpa"') from error
         return FastGenerator(
-            SlotDecoder(self.model),
+            decoder,
             self.device,
             max_rows=self.options.max_batch_size,
             cuda_graphs=self.options.cuda_graphs,
@@ -195,11 +199,20 @@ class HFRolloutEngine:
                 out.append([list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())])
         return out
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]) -> None:
-        """Copy the trainer's tensors in; a no-op (the iterable is not consumed) when sharing the actor."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor], *,
+                       lora: Any = None) -> None:
+        """Copy the trainer's tensors in; a no-op (the iterable is not consumed) when sharing the actor.
+        With ``lora`` (rank, alpha, target modules, or an adapter_config.json as ``peft_config``)
+        the tensors are a LoRA adapter alone (PEFT names): it is loaded over the engine's base
+        weights, which stay as they were, and generation applies it from then on."""
         if self.shares_actor:
             return
-        copy_named_tensors(self.model, named_tensors)
+        if lora is None:
+            copy_named_tensors(self.model, named_tensors)
+            return
+        wrapped = load_adapter(self.model, named_tensors, lora)
+        if wrapped is not self.model:  # LoRA layers were injected: generate through the peft model
+            self.root = self.model = wrapped
 
     def sleep(self) -> None:
         """Free caches; with ``offload_weights`` move the engine's own accelerator weights to CPU."""

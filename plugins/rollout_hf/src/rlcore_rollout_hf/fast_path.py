@@ -136,8 +136,9 @@ class FastGenerator:
         return self._compiled_sample if self.compiled else sample_with_uniform
 
     def release(self) -> None:
-        """Free the cache and the graphs (engine sleep)."""
+        """Free the cache, the graphs and the decoder's weight copies (engine sleep)."""
         self.workspace = None
+        self.decoder.release()
 
     # ------------------------------------------------------------------ workspace and graphs
 
@@ -244,6 +245,7 @@ class FastGenerator:
     ) -> list[Completion]:
         """One completion per entry of ``prompts``; entries with the same ``groups`` value share a
         prompt (and, with ``share_prefill``, its prefill)."""
+        self.decoder.refresh()  # before the workspace: its graphs check the copies' addresses
         total = len(prompts)
         rows = bucket(min(total, self.max_rows), self.max_rows)
         capacity = _round_up(max(len(p) + limit for p, limit in zip(prompts, limits)))

@@ -53,6 +53,12 @@ class HFEngineOptions(Options):
         description="fast path: free the slot KV cache and its CUDA graphs on sleep(); auto = only when the "
         "cache takes more than 5% of the GPU's memory (keeping it saves re-capturing graphs at every step)",
     )
+    decode_attention: Literal["auto", "triton", "sdpa"] = Field(
+        "auto",
+        description="fast path: attention of a decode step over the slot cache; triton = a split-KV kernel that "
+        "reads each sequence's live keys only, sdpa = one masked SDPA call over the cache's whole capacity; "
+        "auto = triton on CUDA where Triton is installed",
+    )
     sync_every: int = Field(
         16, ge=1, le=1024, description="fast path: decode steps between looks at which sequences finished"
     )

@@ -4,7 +4,8 @@ Trainers name parameters in several wrappings of the same Hugging Face model: pl
 (``model.layers.0.mlp.up_proj.weight``), peft (``base_model.model.`` prefix, ``.base_layer``
 for a LoRA-wrapped linear, ``modules_to_save.<adapter>``), torch.compile (``_orig_mod.``),
 DDP (``module.``) and activation-checkpoint / FSDP wrappers. All reduce to one canonical name.
-Unmerged LoRA factors cannot be copied into plain weights, so they are refused with a hint.
+Unmerged LoRA factors cannot be copied into plain weights, so they are refused with a hint;
+they arrive through :func:`load_adapter` instead (``update_weights(..., lora=...)``).
 """
 
 from __future__ import annotations
@@ -82,3 +83,35 @@ def copy_named_tensors(model: Any, named_tensors: Iterable[tuple[str, Any]] | Ma
             target.copy_(value)
             copied += 1
     return copied
+
+
+def load_adapter(model: Any, named_tensors: Iterable[tuple[str, Any]] | Mapping[str, Any], lora: Any) -> Any:
+    """Load LoRA adapter tensors (PEFT names) into the engine's own ``model``; return the model
+    that now generates, a peft model (LoRA layers are injected, from ``lora``'s adapter config,
+    the first time; the base weights stay as they are).
+
+    Raises UsageError for tensors that are not the adapter's, or an adapter that does not fit."""
+    import dataclasses
+
+    import peft
+
+    from rlcore.engine_kit.weights import adapter_config, pairs
+
+    tensors = dict(pairs(named_tensors))
+    if not tensors:
+        raise UsageError("update_weights(lora=...) received no adapter tensors")
+    stray = [name for name in tensors if not any(marker in name for marker in _LORA_MARKERS)]
+    if stray:
+        raise UsageError(f"update_weights(lora=...) expects only LoRA adapter tensors (PEFT names), got e.g. {stray[0]!r}")
+    if not isinstance(model, peft.PeftModel):
+        config = adapter_config(lora)
+        known = {f.name for f in dataclasses.fields(peft.LoraConfig)}
+        settings = {k: v for k, v in config.items() if k in known and k not in ("peft_type", "base_model_name_or_path", "revision")}
+        model = peft.get_peft_model(model, peft.LoraConfig(**{**settings, "inference_mode": True}))
+        model.eval()
+    result = peft.set_peft_model_state_dict(model, tensors)
+    unexpected = list(getattr(result, "unexpected_keys", None) or [])
+    if unexpected:
+        raise UsageError(f"update_weights(lora=...): the engine's adapter has no tensor {unexpected[0]!r} "
+                         f"({len(unexpected)} unexpected); was the spec's target_modules the trainer's?")
+    return model

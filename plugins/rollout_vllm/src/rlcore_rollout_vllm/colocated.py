@@ -46,10 +46,30 @@ def _load_bucket(bucket, model) -> int:
     return len(loaded) if loaded is not None else len(bucket)
 
 
+def _begin_quantized_reload(model) -> None:
+    """Run inside each worker before a weight update of an online-quantized (FP8) model: vLLM's
+    layerwise reload takes high-precision weights and re-quantizes each layer once all of its
+    weights have arrived (vllm.model_executor.model_loader.reload)."""
+    from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+    initialize_layerwise_reload(model)
+
+
+def _finish_quantized_reload(model, model_config) -> None:
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+    finalize_layerwise_reload(model, model_config)
+
+
 class VLLMColocatedEngine:
     """A :class:`rlcore.interfaces.RolloutEngine` around ``vllm.LLM``."""
 
     shares_actor = False  # it holds its own weights: the trainer sends them (update_weights)
+
+    @property
+    def accepts_lora(self) -> bool:
+        """Whether update_weights(..., lora=...) can load an adapter: vLLM started with LoRA enabled."""
+        return bool(self.options.lora_rank)
 
     def __init__(self, options: VLLMOptions, context: BuildContext | None = None):
         self.options = options
@@ -128,6 +148,8 @@ class VLLMColocatedEngine:
             self._weights_asleep = False
         max_bytes = self.options.weight_bucket_mb << 20
         total = 0
+        if self.options.quantization:  # every weight must arrive, in high precision, between these two
+            self.llm.apply_model(_begin_quantized_reload)
         for bucket in buckets(named_tensors, max_bytes):
             if self.multiprocess:
                 bucket = [(n, t.cpu()) for n, t in bucket]
@@ -139,6 +161,8 @@ class VLLMColocatedEngine:
             total += len(bucket)
         if total == 0:
             raise RlcoreError("vllm engine: update_weights received no tensors")
+        if self.options.quantization:
+            self.llm.apply_model(functools.partial(_finish_quantized_reload, model_config=self.llm.llm_engine.model_config))
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         self.weight_version += 1
         logger.debug("vLLM: loaded {} tensors (weight version {})", total, self.weight_version)

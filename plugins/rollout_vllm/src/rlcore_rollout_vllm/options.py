@@ -28,6 +28,7 @@ OWN_FIELDS = {
     "enable_lora": "lora_rank",
     "max_lora_rank": "lora_rank",
     "model": "[model] path or rollout.model",
+    "quantization": "quantization",
 }
 
 
@@ -50,7 +51,17 @@ class VLLMOptions(Options):
         description="sleep(): 0 never sleeps; 1 frees the KV cache and offloads weights to CPU; "
         "2 frees both (the next update_weights must send every weight)",
     )
-    lora_rank: int | None = Field(None, ge=1, le=512, description="enable LoRA adapters up to this rank (default: [model.lora] rank)")
+    lora_rank: int | None = Field(
+        None, ge=1, le=512,
+        description="enable LoRA adapters up to this rank; a [model.lora] run then sends the adapters alone at each "
+        "weight sync (without it: the merged weights)",
+    )
+    quantization: Literal["fp8"] | None = Field(
+        None,
+        description="fp8: vLLM quantizes the weights to FP8 (per tensor, dynamic activation scales) as it loads them and "
+        "at each weight update; its log-probs then differ more from the trainer's, so [algorithm] rollout_correction "
+        "(or tis_cap) must be set",
+    )
     weight_bucket_mb: int = Field(512, ge=1, description="full weight updates are sent in buckets of about this size")
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = Field(
         "processed_logprobs", description="processed = after temperature/top-k/top-p, as the trainer's ratio needs"

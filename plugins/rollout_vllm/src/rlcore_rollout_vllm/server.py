@@ -31,6 +31,11 @@ class VLLMServerEngine:
 
     shares_actor = False  # it holds its own weights: the trainer sends them (update_weights)
 
+    @property
+    def accepts_lora(self) -> bool:
+        """Whether update_weights(..., lora=...) can load an adapter: the servers run with --enable-lora (lora_rank set)."""
+        return bool(self.options.lora_rank)
+
     def __init__(self, options: VLLMOptions, context: BuildContext | None = None):
         self.options = options
         self.pool = ServerPool.from_options(options, engine="vLLM", rejoin=False)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from rlcore.errors import RlcoreError
+from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore.engine_kit.options import colocated_model
 from rlcore.engine_kit.samples import samples_to_request  # vLLM refuses n > 1 with greedy sampling
@@ -25,8 +25,22 @@ def lora_rank(options: VLLMOptions) -> int | None:
     return next(r for r in LORA_RANKS if r >= options.lora_rank)
 
 
+def check_correction(options: VLLMOptions, context: BuildContext | None) -> None:
+    """An FP8 rollout needs the trainer to correct for the engine/trainer gap it widens."""
+    if not options.quantization or context is None or not context.manifest:
+        return
+    algorithm = context.manifest.get("algorithm") or {}
+    if algorithm.get("rollout_correction", "none") == "none" and algorithm.get("tis_cap") is None:
+        raise UsageError(
+            f'[rollout] quantization = "{options.quantization}" samples from FP8 weights while the trainer computes '
+            "log-probs in its own precision; set [algorithm] rollout_correction (e.g. \"token_truncate\", as verl's "
+            "FP8 rollouts do) or tis_cap, so that the loss is weighted by the trainer/engine ratio"
+        )
+
+
 def engine_kwargs(options: VLLMOptions, context: BuildContext | None) -> dict[str, Any]:
     """Keyword arguments of ``vllm.LLM`` for colocated mode."""
+    check_correction(options, context)
     context = context or BuildContext()
     model = colocated_model(options.model, context, "vllm")
     kwargs: dict[str, Any] = {
@@ -44,6 +58,8 @@ def engine_kwargs(options: VLLMOptions, context: BuildContext | None) -> dict[st
         kwargs["max_num_seqs"] = options.max_num_seqs
     if options.max_model_len is not None:
         kwargs["max_model_len"] = options.max_model_len
+    if options.quantization:
+        kwargs["quantization"] = options.quantization
     rank = lora_rank(options)
     if rank:
         kwargs["enable_lora"] = True
