@@ -42,6 +42,7 @@ PLUGIN_API: tuple[str, ...] = (
     "rlcore.algorithms.*",
     "rlcore.engine_kit.*",  # the kit for engines that drive vLLM/SGLang
     "rlcore.launching",
+    "rlcore.manifest_api",  # the core tables and components' options, for manifest writers
     "rlcore.testing.*",
 )
 

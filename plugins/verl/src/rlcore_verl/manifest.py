@@ -2,8 +2,8 @@
 
 A line whose value comes from verl's defaults alone is written only where rlcore's default
 differs (verl's ``max_response_length`` of 512 against rlcore's 256); rlcore's defaults are read
-from the manifest schema and the installed components' options, so nothing is imported but
-pydantic models.
+through ``rlcore.manifest_api`` (the core tables and the installed components' options), so
+nothing is imported but pydantic models.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import math
 import re
-from functools import lru_cache
 from typing import Any
 
+from rlcore.manifest_api import component_options, core_table
 from rlcore_verl.mapping import Conversion, Line
 from rlcore_verl.verl_defaults import VERL_COMMIT
 
@@ -89,7 +89,7 @@ def rlcore_default(table: str, key: str, conversion: Conversion) -> Any:
     the manifest selects there; _MISSING when there is none (a required key, or an unknown one)."""
     from pydantic_core import PydanticUndefined
 
-    model = _core_table(table)
+    model = core_table(table)
     if model is not None and key in model.model_fields:
         field = model.model_fields[key]
         if field.default_factory is not None:
@@ -106,41 +106,13 @@ def rlcore_default(table: str, key: str, conversion: Conversion) -> Any:
             if isinstance(name, str):
                 components.append((kind, name))
     for kind, name in components:
-        options = _options(kind, name)
+        options = component_options(kind, name)
         if options is not None and key in options.model_fields:
             field = options.model_fields[key]
             if field.default_factory is not None:
                 return field.default_factory()
             return _MISSING if field.default is PydanticUndefined else field.default
     return _MISSING
-
-
-def _core_table(table: str):
-    from rlcore.manifest import schema
-
-    return {
-        "run": schema.RunTable, "model": schema.ModelTable, "model.lora": schema.LoraTable, "data": schema.DataTable,
-        "rollout": schema.RolloutTable, "reward": schema.RewardTable, "algorithm": schema.AlgorithmTable,
-        "critic": schema.CriticTable, "trainer": schema.TrainerTable, "agent": schema.AgentTable,
-        "launcher": schema.LauncherTable,
-    }.get(table)
-
-
-@lru_cache(maxsize=None)
-def _options(kind: str, name: str):
-    from rlcore.errors import RlcoreError
-
-    try:
-        return _registry().get(kind, name).options
-    except RlcoreError:
-        return None
-
-
-@lru_cache(maxsize=1)
-def _registry():
-    from rlcore.registry import Registry
-
-    return Registry.discover()
 
 
 def toml_key(key: str) -> str:
