@@ -2,6 +2,7 @@
 precision, side by side: reward curves and step times.
 
     python benchmarks/learning_gpu.py [--runs mixed,float32] [--steps 20] [--lr 1e-5] [--out DIR]
+    python benchmarks/learning_gpu.py --runs mixed+triton,mixed+sdpa   # the decode attention, side by side
 
 Each run is the same manifest (same seed, data, batch and learning rate) but for ``[model] dtype``
 and ``compute_dtype``:
@@ -9,6 +10,10 @@ and ``compute_dtype``:
   mixed    float32 weights and optimizer state, bfloat16 compute (the CUDA default)
   float32  float32 weights, optimizer state and compute
   bf16     bfloat16 weights updated in place (no float32 master): kept only to show why not
+
+A run name may end in ``+triton`` or ``+sdpa`` to pick the ``hf`` fast path's decode attention
+(``[rollout] decode_attention``; ``auto`` otherwise), so a faster kernel is checked by what the
+model learns with it, not only by its speed.
 
 The task is one the untrained model mostly fails: two-digit addition ("What is 37 + 48? Reply
 with only the number."), scored by the gsm8k reward in its numeric mode (the last number of the
@@ -32,6 +37,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+ATTENTION = ("", "triton", "sdpa")  # "" = the engine's auto choice
 PRECISIONS = {"mixed": ("float32", "bfloat16"), "float32": ("float32", "float32"), "bf16": ("bfloat16", "bfloat16")}
 
 MANIFEST = """
@@ -55,6 +61,7 @@ max_response_tokens = 24
 
 [rollout]
 engine = "hf"
+decode_attention = "{attention}"
 samples_per_prompt = {samples}
 temperature = 1.0
 val_temperature = 1.0
@@ -79,10 +86,11 @@ loggers = ["jsonl"]
 
 
 def run(name: str, args) -> list[dict]:
-    storage, compute = PRECISIONS[name]
+    precision, _, attention = name.partition("+")
+    storage, compute = PRECISIONS[precision]
     manifest = args.out / f"{name}.toml"
     manifest.write_text(MANIFEST.format(run=name, seed=args.seed, out=args.out, model=args.model, storage=storage,
-                                        compute=compute, val=args.val, prompts=args.prompts, samples=args.samples,
+                                        compute=compute, attention=attention or "auto", val=args.val, prompts=args.prompts, samples=args.samples,
                                         steps=args.steps, lr=args.lr, eval_every=args.eval_every))
     run_dir = args.out / name
     env = {**os.environ, "RLCORE_CACHE_DIR": str(args.out / "cache")}
@@ -110,8 +118,10 @@ def report(results: dict[str, dict], args) -> None:
     print(f"\nSmolLM2-135M-Instruct, two-digit addition, GRPO {args.prompts} prompts x {args.samples} samples, "
           f"lr {args.lr:g}, seed {args.seed}; validation: {args.val} held-out questions sampled at temperature 1")
     for name in names:
-        storage, compute = PRECISIONS[name]
-        print(f"  {name:<8} = {storage} weights and optimizer state, {compute} compute")
+        precision, _, attention = name.partition("+")
+        storage, compute = PRECISIONS[precision]
+        print(f"  {name:<14} = {storage} weights and optimizer state, {compute} compute, "
+              f"decode attention {attention or 'auto'}")
     steps = sorted({s for r in results.values() for s in r["val"]})
     print(f"\n{'validation reward at step':<28}" + "".join(f"{s:>8}" for s in steps))
     for name in names:
@@ -145,9 +155,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     names = [n.strip() for n in args.runs.split(",") if n.strip()]
-    unknown = [n for n in names if n not in PRECISIONS]
+    unknown = [n for n in names if n.partition("+")[0] not in PRECISIONS or n.partition("+")[2] not in ATTENTION]
     if unknown:
-        parser.error(f"--runs: unknown {', '.join(unknown)}; choose from {', '.join(PRECISIONS)}")
+        parser.error(f"--runs: unknown {', '.join(unknown)}; choose from {', '.join(PRECISIONS)}, "
+                     f"each optionally with +{' or +'.join(a for a in ATTENTION if a)}")
     args.out = (args.out or Path(tempfile.mkdtemp(prefix="learning-"))).resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
