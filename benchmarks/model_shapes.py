@@ -2,6 +2,10 @@
 the weights' values), in one place: Qwen2 config keyword arguments. Embeddings are tied unless a
 shape says ``tie_word_embeddings=False`` (Qwen2.5-7B); build configs with :func:`config_kwargs`."""
 
+# SmolLM2-135M-Instruct (a Llama; as a Qwen2 config only the q/k/v biases differ): the real model of
+# the CPU quickstart and the learning checks, for speed at the size those run at.
+SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                    num_key_value_heads=3, vocab_size=49152)
 QWEN2_5_0_5B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                     num_key_value_heads=2, vocab_size=151936)
 QWEN2_5_1_5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,

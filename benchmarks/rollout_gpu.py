@@ -36,9 +36,10 @@ from pathlib import Path
 
 import torch
 
-from model_shapes import QWEN2_5_0_5B, QWEN2_5_1_5B, QWEN2_5_3B, QWEN2_5_7B, config_kwargs  # benchmarks/ is on sys.path
+from model_shapes import SMOLLM2_135M, QWEN2_5_0_5B, QWEN2_5_1_5B, QWEN2_5_3B, QWEN2_5_7B, config_kwargs  # benchmarks/ is on sys.path
 
 SHAPES = {
+    "smollm2-135m": SMOLLM2_135M,
     "qwen2.5-0.5b": QWEN2_5_0_5B,
     "qwen2.5-1.5b": QWEN2_5_1_5B,
     "qwen2.5-3b": QWEN2_5_3B,
