@@ -63,6 +63,6 @@ def run_driver_manifest(manifest_file: str | Path, run_dir: str | Path, resume: 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     """The run's latest intact checkpoint (complete, and its files' checksums verified), or None.
     Needs no torch."""
-    from rlcore.trainer.checkpoint import Checkpointer
+    from rlcore.checkpoint import Checkpointer
 
     return Checkpointer(run_dir).latest_intact()

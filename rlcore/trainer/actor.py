@@ -22,7 +22,7 @@ from rlcore.manifest.schema import Manifest, ModelTable
 from rlcore.trainer import compiling, models, precision
 from rlcore.trainer.batch import RolloutBatch, mask_totals, token_weights
 from rlcore.trainer.batching import Batching
-from rlcore.trainer.checkpoint import load_actor_weights
+from rlcore.checkpoint import load_actor_weights
 from rlcore.trainer.distributed import Distributed, clip_grad_norm, fsdp_wrap, unsharded
 from rlcore.trainer.logprobs import TokenLogprobs, token_logprobs
 from rlcore.trainer.optim import adamw, train_temperature, warmup

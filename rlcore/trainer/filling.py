@@ -165,7 +165,7 @@ def _chunk_bounds(prompts: int, chunks: int) -> list[tuple[int, int]]:
 def _merge_metrics(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
     """The reward metrics of chunks scored apart as one batch's: counts and seconds add up, means
     are weighted by the chunks' sizes."""
-    from rlcore.trainer.reward_runner import FAILURE_METRICS
+    from rlcore.reward_pool import FAILURE_METRICS
 
     summed = set(FAILURE_METRICS.values()) | {"reward/time_s"}
     out: dict[str, float] = {}

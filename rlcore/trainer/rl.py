@@ -30,7 +30,7 @@ from rlcore.trainer import models, precision, startup_checks
 from rlcore.trainer.actor import Actor
 from rlcore.trainer.batch import RolloutBatch, build_batch
 from rlcore.trainer.batching import Batching
-from rlcore.trainer.checkpoint import Checkpointer
+from rlcore.checkpoint import Checkpointer
 from rlcore.trainer.data_cursor import DataCursor, MixedCursor, shares
 from rlcore.trainer.distributed import Distributed, combine_metrics
 from rlcore.trainer.flops import mfu, peak_tflops
