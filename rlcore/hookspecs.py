@@ -70,8 +70,11 @@ def rlcore_advantage_estimators() -> list:
 def rlcore_policy_losses() -> list:
     """Policy losses: callables ``(PolicyLossInput) -> (per_token_loss, metrics)``.
 
-    Selected by ``[algorithm] policy_loss = "<name>"``. The trainer aggregates the per-token
-    loss by ``[algorithm] loss_agg_mode`` and adds KL and entropy terms itself.
+    Selected by ``[algorithm] policy_loss = "<name>"``. The objective
+    (:func:`rlcore.algorithms.objective.policy_objective`) weighs the per-token loss by the
+    rollout correction, aggregates it by ``[algorithm] loss_agg_mode`` and adds the KL and
+    entropy terms itself. A loss defined with its own aggregation (GSPO's sequence mean) sets the
+    callable's ``loss_agg_mode`` attribute to it, which then wins over the table's.
 
     Example: ``Component(name="ppo_clip", factory="rlcore.algorithms.losses:build_ppo_clip", options=PPOClipOptions)``.
     """

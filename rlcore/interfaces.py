@@ -154,7 +154,9 @@ class PolicyLossInput:
 class PolicyLoss(Protocol):
     def __call__(self, batch: PolicyLossInput) -> tuple["torch.Tensor", dict[str, "torch.Tensor"]]:
         """Return the per-token loss [B, T] (aggregated by the trainer) and metrics
-        (e.g. ``pg_clipfrac``, ``ppo_kl``) as scalar tensors."""
+        (e.g. ``pg_clipfrac``, ``ppo_kl``) as scalar tensors. An optional ``loss_agg_mode``
+        attribute names the aggregation the loss is defined with (overriding ``[algorithm]
+        loss_agg_mode``)."""
 
 
 # ----------------------------------------------------------------------------- agents and tools
