@@ -122,7 +122,9 @@ def rlcore_launchers() -> list:
     """Launchers: objects with ``launch(LaunchRequest) -> int`` (an exit code).
 
     Selected by ``[launcher] name = "<name>"`` (default ``local``); the launcher's options are
-    the other keys of ``[launcher]``.
+    the other keys of ``[launcher]``. Its factory receives, like every other, the run's
+    :class:`rlcore.interfaces.BuildContext` (the resolved manifest as a dict, ``manifest_dir``,
+    ``run_dir``, ``seed``; nothing built yet). ``rlcore.launching`` has what launchers share.
 
     Example: ``Component(name="slurm", factory="rlcore_launcher_slurm.launcher:build", options=SlurmOptions)``.
     """

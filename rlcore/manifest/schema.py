@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
+from rlcore import kinds as _kinds
+
 
 class Table(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
@@ -335,13 +337,7 @@ RETIRED_KEYS: dict[str, str] = {
 }
 
 
-# Tables whose extra keys belong to a component: table -> [(core field naming it, kind)].
-COMPONENT_TABLES: dict[str, list[tuple[str, str]]] = {
-    "rollout": [("engine", "rollout_engine")],
-    "reward": [("function", "reward_function")],
-    "algorithm": [("advantage", "advantage_estimator"), ("policy_loss", "policy_loss")],
-    "agent": [("loop", "agent_loop")],
-    "launcher": [("name", "launcher")],
-}
-# Tables of named sub-tables, each one a component: table -> kind.
-COMPONENT_MAPS: dict[str, str] = {"tools": "tool", "loggers": "metrics_sink"}
+# Tables whose extra keys belong to a component: table -> [(core field naming it, kind)]; and tables
+# of named sub-tables, each one a component: table -> kind. Both from the table of kinds.
+COMPONENT_TABLES: dict[str, list[tuple[str, str]]] = _kinds.selectors()
+COMPONENT_MAPS: dict[str, str] = _kinds.named_tables()
