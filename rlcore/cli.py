@@ -109,9 +109,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         resume=args.resume,
         dry_run=args.dry_run,
         argv=list(sys.argv[1:]),
+        validated=manifest,
     )
+    from rlcore.interfaces import BuildContext
+
     selected = manifest.component("launcher.name")
-    launcher = selected.component.build(selected.options, manifest)
+    context = BuildContext.from_manifest(manifest, run_dir=request.run_dir)
+    launcher = selected.component.build(selected.options, context)
     code = int(launcher.launch(request) or 0)
     if args.dry_run:  # what the launcher would do, then whether the run directory would refuse it
         from rlcore.launching import run_dir_problems
@@ -155,8 +159,12 @@ def _driver_document(manifest) -> dict[str, Any]:
                 doc["reward"]["routes"][field[len("routes."):]] = {**options, "function": function}
                 if option:
                     doc["reward"]["routes"][field[len("routes."):]].pop(option, None)
-        elif table == "agent" and isinstance(getattr(chosen.options, "tool_config", None), str):
-            doc["agent"]["tool_config"] = chosen.options.tool_config
+        elif isinstance(doc.get(table), dict) and table != "launcher":
+            # Options the component's validation rewrote (a relative path made absolute): as validated.
+            for key, given in list(doc.get(table, {}).items()):
+                validated = getattr(chosen.options, key, None)
+                if isinstance(given, str) and isinstance(validated, str) and validated != given:
+                    doc[table][key] = validated
     doc["launcher"] = {"name": "local"}
     return doc
 

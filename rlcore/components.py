@@ -1,4 +1,4 @@
-"""The typed record every hook returns, and the table of component kinds.
+"""The typed record every hook returns (the kinds themselves are described in rlcore/kinds.py).
 
 A record travels with everything the manifest layer needs (name, options model,
 description, needs) and a *lazy* factory, so listing and validating plugins never
@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
 
+from rlcore import kinds as _kinds
+
 
 class Options(BaseModel):
     """Base for a component's manifest options: unknown keys are rejected."""
@@ -24,17 +26,8 @@ class NoOptions(Options):
     """A component that takes no options."""
 
 
-# kind -> (hook name, one-line description). The order is the order of `rlcore plugins`.
-KINDS: dict[str, tuple[str, str]] = {
-    "rollout_engine": ("rlcore_rollout_engines", "generates responses from prompt token ids"),
-    "advantage_estimator": ("rlcore_advantage_estimators", "turns scores (and values) into per-token advantages"),
-    "policy_loss": ("rlcore_policy_losses", "the actor's per-token surrogate loss"),
-    "reward_function": ("rlcore_reward_functions", "scores a finished trajectory"),
-    "agent_loop": ("rlcore_agent_loops", "turns one prompt into trajectories by driving the engine (and tools)"),
-    "tool": ("rlcore_tools", "a function an agent may call during a rollout"),
-    "launcher": ("rlcore_launchers", "decides where the driver process runs"),
-    "metrics_sink": ("rlcore_metrics_sinks", "receives the metrics of every step"),
-}
+# kind -> (hook name, one-line description). The order is the order of `rlcore plugins`., from the one table of kinds (rlcore/kinds.py).
+KINDS: dict[str, tuple[str, str]] = {kind.name: (kind.hook, kind.description) for kind in _kinds.KINDS}
 
 # Needs a component may declare; the trainer provisions the matching role.
 # "groups": the component is meaningless with one sample per prompt (group baselines).

@@ -48,7 +48,7 @@ def _named_sets(specs: list[str], default: str | None) -> dict[str, str]:
 
 
 def _checkpoint(path: Path) -> Path:
-    from rlcore.trainer.checkpoint import Checkpointer, verify_checkpoint
+    from rlcore.checkpoint import Checkpointer, verify_checkpoint
 
     if not path.exists():
         raise UsageError(f"--checkpoint {path}: no such directory")

@@ -70,8 +70,11 @@ def rlcore_advantage_estimators() -> list:
 def rlcore_policy_losses() -> list:
     """Policy losses: callables ``(PolicyLossInput) -> (per_token_loss, metrics)``.
 
-    Selected by ``[algorithm] policy_loss = "<name>"``. The trainer aggregates the per-token
-    loss by ``[algorithm] loss_agg_mode`` and adds KL and entropy terms itself.
+    Selected by ``[algorithm] policy_loss = "<name>"``. The objective
+    (:func:`rlcore.algorithms.objective.policy_objective`) weighs the per-token loss by the
+    rollout correction, aggregates it by ``[algorithm] loss_agg_mode`` and adds the KL and
+    entropy terms itself. A loss defined with its own aggregation (GSPO's sequence mean) sets the
+    callable's ``loss_agg_mode`` attribute to it, which then wins over the table's.
 
     Example: ``Component(name="ppo_clip", factory="rlcore.algorithms.losses:build_ppo_clip", options=PPOClipOptions)``.
     """
@@ -119,7 +122,9 @@ def rlcore_launchers() -> list:
     """Launchers: objects with ``launch(LaunchRequest) -> int`` (an exit code).
 
     Selected by ``[launcher] name = "<name>"`` (default ``local``); the launcher's options are
-    the other keys of ``[launcher]``.
+    the other keys of ``[launcher]``. Its factory receives, like every other, the run's
+    :class:`rlcore.interfaces.BuildContext` (the resolved manifest as a dict, ``manifest_dir``,
+    ``run_dir``, ``seed``; nothing built yet). ``rlcore.launching`` has what launchers share.
 
     Example: ``Component(name="slurm", factory="rlcore_launcher_slurm.launcher:build", options=SlurmOptions)``.
     """

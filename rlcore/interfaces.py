@@ -154,7 +154,9 @@ class PolicyLossInput:
 class PolicyLoss(Protocol):
     def __call__(self, batch: PolicyLossInput) -> tuple["torch.Tensor", dict[str, "torch.Tensor"]]:
         """Return the per-token loss [B, T] (aggregated by the trainer) and metrics
-        (e.g. ``pg_clipfrac``, ``ppo_kl``) as scalar tensors."""
+        (e.g. ``pg_clipfrac``, ``ppo_kl``) as scalar tensors. An optional ``loss_agg_mode``
+        attribute names the aggregation the loss is defined with (overriding ``[algorithm]
+        loss_agg_mode``)."""
 
 
 # ----------------------------------------------------------------------------- agents and tools
@@ -243,9 +245,16 @@ class LaunchRequest:
     resume: bool = False
     dry_run: bool = False
     argv: list[str] = field(default_factory=list)  # `rlcore run` arguments to repeat remotely
+    # The validated manifest when the launch happens in the process that validated it (`rlcore
+    # run`), so that rlcore.launching.run_driver_here trains without validating it again.
+    validated: Any = field(default=None, repr=False, compare=False)
 
 
 class Launcher(Protocol):
+    """Built like any component, ``factory(options, context)``: ``context`` is the run's
+    :class:`BuildContext` (the resolved manifest as a dict, its directory, ``run_dir``, the seed);
+    nothing that needs torch is set yet."""
+
     def launch(self, request: LaunchRequest) -> int:
         """Run (or submit and follow) the driver; return the process exit code."""
 

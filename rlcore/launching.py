@@ -21,7 +21,7 @@ from rlcore.rundir import RunDirLock, lock_holder, run_dir_problems
 
 __all__ = [
     "RunDirLock", "driver_command", "driver_manifest_path", "latest_checkpoint", "lock_holder", "run_dir_problems",
-    "run_driver_manifest", "write_driver_manifest",
+    "run_driver_here", "run_driver_manifest", "write_driver_manifest",
 ]
 
 
@@ -60,9 +60,19 @@ def run_driver_manifest(manifest_file: str | Path, run_dir: str | Path, resume: 
     return run_driver(load_manifest(manifest_file), run_dir, resume=resume)
 
 
+def run_driver_here(request: LaunchRequest) -> int:
+    """Run the driver for ``request`` in this process (the ``local`` launcher): on the manifest
+    ``rlcore run`` validated when it is at hand, else on the request's driver manifest."""
+    if request.validated is not None:
+        from rlcore.trainer.driver import run_driver
+
+        return run_driver(request.validated, request.run_dir, resume=request.resume)
+    return run_driver_manifest(write_driver_manifest(request), request.run_dir, resume=request.resume)
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     """The run's latest intact checkpoint (complete, and its files' checksums verified), or None.
     Needs no torch."""
-    from rlcore.trainer.checkpoint import Checkpointer
+    from rlcore.checkpoint import Checkpointer
 
     return Checkpointer(run_dir).latest_intact()

@@ -21,31 +21,16 @@ from loguru import logger
 
 from rlcore import hookspecs
 from rlcore.components import KINDS, Command, Component
+from rlcore.kinds import install_hints
 from rlcore.errors import BrokenPluginError, ConflictError, UnknownComponentError, did_you_mean
 
 ENTRY_POINT_GROUP = "rlcore"
 BUILTIN_MODULES = ("rlcore.builtin",)
 
-# Names that first-party distributions provide, so an unknown name can say what to install.
-# Kept by hand (an uninstalled plugin cannot be asked); tests/test_first_party.py checks that it
-# equals exactly what plugins/*/ register.
-FIRST_PARTY: dict[tuple[str, str], str] = {
-    ("rollout_engine", "hf"): "rlcore-rollout-hf",
-    ("rollout_engine", "vllm"): "rlcore-rollout-vllm",
-    ("rollout_engine", "sglang"): "rlcore-rollout-sglang",
-    **{("advantage_estimator", n): "rlcore-algo-grpo" for n in ("grpo", "dr_grpo", "rloo", "reinforce_pp")},
-    ("advantage_estimator", "gae"): "rlcore-algo-ppo",
-    ("policy_loss", "gspo"): "rlcore-algo-grpo",
-    **{("reward_function", n): "rlcore-reward-rule" for n in ("gsm8k", "math", "math_dapo", "verl", "exact_match", "format")},
-    **{("reward_function", n): "rlcore-reward-model" for n in ("reward_model", "judge")},
-    ("agent_loop", "tool"): "rlcore-agent",
-    ("tool", "python"): "rlcore-agent",
-    ("tool", "function"): "rlcore-agent",
-    ("tool", "class"): "rlcore-agent",
-    ("launcher", "slurm"): "rlcore-launcher-slurm",
-    ("launcher", "ray"): "rlcore-launcher-ray",
-    ("launcher", "skypilot"): "rlcore-launcher-skypilot",
-}
+# (kind, name) -> the first-party distribution providing it, so an unknown name can say what to
+# install. Kept by hand in the table of kinds (an uninstalled plugin cannot be asked);
+# tests/test_first_party.py checks that it equals exactly what plugins/*/ register.
+FIRST_PARTY: dict[tuple[str, str], str] = install_hints()
 
 
 def _env_flag(name: str) -> bool:

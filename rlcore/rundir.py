@@ -196,7 +196,7 @@ def lock_holder(run_dir: str | Path) -> dict[str, Any] | None:
 
 def has_checkpoints(run_dir: str | Path) -> bool:
     """Whether the run directory holds a complete checkpoint (intact or not)."""
-    from rlcore.trainer.checkpoint import Checkpointer  # torch-free to import
+    from rlcore.checkpoint import Checkpointer  # torch-free to import
 
     return bool(Checkpointer(run_dir).complete())
 

@@ -21,7 +21,7 @@ from rlcore.algorithms import (  # noqa: E402
     masked_mean,
     masked_var,
     masked_whiten,
-    tis_weights,
+    correction_weights,
 )
 from rlcore.algorithms.losses import build_ppo_clip, ppo_clip_loss  # noqa: E402
 from rlcore.algorithms.value import clipped_value_loss  # noqa: E402
@@ -185,16 +185,18 @@ def test_logprobs_from_logits():
 # ----------------------------------------------------------------------------- TIS
 
 
-def test_tis_weights_by_hand():
+def test_token_truncate_weights_by_hand():
+    # TIS is rollout_correction = "token_truncate" (tis_cap was its second code path, now removed).
     old = torch.tensor([[-1.0, -1.0, -3.0, 0.0]], requires_grad=True)
     rollout = torch.tensor([[-1.5, -0.5, -0.1, -100.0]])
     mask = torch.tensor([[1, 1, 1, 0]])
-    w = tis_weights(old, rollout, cap=1.5, mask=mask)
+    w, stats = correction_weights(old, rollout, mask, "token_truncate", upper=1.5, lower=1 / 1.5)
     # exp(0.5) = 1.6487 -> capped 1.5; exp(-0.5) = 0.60653; exp(-2.9) = 0.055023; masked (exp(100)) -> 0
     assert close(w, [[1.5, math.exp(-0.5), math.exp(-2.9), 0.0]])
     assert not w.requires_grad
-    with pytest.raises(ValueError, match="cap"):
-        tis_weights(old, rollout, cap=0.0, mask=mask)
+    assert close(stats["rollout_corr/truncated_fraction"], 1 / 3)
+    with pytest.raises(ValueError, match="band"):
+        correction_weights(old, rollout, mask, "token_truncate", upper=0.5, lower=0.25)
 
 
 # ----------------------------------------------------------------------------- ppo_clip

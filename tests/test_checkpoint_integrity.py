@@ -14,7 +14,7 @@ import torch
 from loguru import logger
 
 from rlcore.errors import RlcoreError
-from rlcore.trainer.checkpoint import CHECKSUMS_FILE, STATE_FILE, Checkpointer
+from rlcore.checkpoint import CHECKSUMS_FILE, STATE_FILE, Checkpointer
 
 
 class FakeActor:
@@ -158,7 +158,7 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 
 def test_a_full_disk_while_writing_the_checksums_or_state_file(tmp_path, monkeypatch):
-    import rlcore.trainer.checkpoint as module
+    import rlcore.checkpoint as module
 
     checkpointer = Checkpointer(tmp_path, keep=2)
     first = _save(checkpointer, 1)

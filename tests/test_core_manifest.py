@@ -65,6 +65,7 @@ MALFORMED = [
     ("out-of-range-max-response", _replace('train = "synthetic:addition"', 'train = "synthetic:addition"\nmax_response_tokens = 0'), "data.max_response_tokens", "max_response_tokens", "greater than or equal to 1"),
     ("bad-literal-dtype", _replace('path = "org/model"', 'path = "org/model"\ndtype = "fp8"'), "model.dtype", "dtype = \"fp8\"", "float32"),
     ("bad-literal-agg", _replace('policy_loss = "clipped"', 'policy_loss = "clipped"\nloss_agg_mode = "mean"'), "algorithm.loss_agg_mode", "loss_agg_mode", "token-mean"),
+    ("retired-tis-cap", _replace('policy_loss = "clipped"', 'policy_loss = "clipped"\ntis_cap = 2.0'), "algorithm.tis_cap", "tis_cap", 'rollout_correction = "token_truncate" with rollout_is_threshold = C'),
     ("unknown-engine", _replace('engine = "toy"', 'engine = "tyo"'), "rollout.engine", "engine =", "did you mean 'toy'"),
     ("unknown-first-party-engine", _replace('engine = "toy"', 'engine = "sglang"'), "rollout.engine", "engine =", "pip install rlcore-rollout-sglang"),
     ("unknown-reward", _replace('function = "match"', 'function = "mtch"'), "reward.function", "function =", "did you mean 'match'"),

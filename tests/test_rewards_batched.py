@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlcore.interfaces import RewardInput, RewardResult
-from rlcore.trainer.reward_runner import score_batched
+from rlcore.reward_pool import score_batched
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -10,7 +10,7 @@ from rlcore.builtin.options import PythonRewardOptions
 from rlcore.errors import RlcoreError
 from rlcore.interfaces import Prompt, RewardInput, RewardResult
 from rlcore.builtin.python_reward import build_python_reward
-from rlcore.trainer.reward_runner import RewardRunner, check_required_fields
+from rlcore.reward_pool import RewardRunner, check_required_fields
 from rlcore.testing.rewards import check_reward_function
 
 

@@ -10,7 +10,7 @@ from loguru import logger
 
 from rlcore.errors import RlcoreError
 from rlcore.interfaces import RewardInput, RewardResult
-from rlcore.trainer.reward_runner import RewardRunner
+from rlcore.reward_pool import RewardRunner
 
 
 def behaving(item: RewardInput):
@@ -227,7 +227,7 @@ def test_workers_exit_when_the_trainer_dies(tmp_path):
     script.write_text(
         "import os, sys, threading, time\n"
         "from rlcore.interfaces import RewardInput\n"
-        "from rlcore.trainer.reward_runner import RewardRunner\n"
+        "from rlcore.reward_pool import RewardRunner\n"
         "def spin(item):\n"
         "    while True:\n"
         "        pass\n"

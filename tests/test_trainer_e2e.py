@@ -68,7 +68,8 @@ def test_lora_with_kl_in_reward_and_export(tmp_path, tiny_model):
     manifest = write_run_manifest(
         tmp_path, tiny_model,
         model={"lora": {"rank": 4, "alpha": 8}, "gradient_checkpointing": True},
-        algorithm={"advantage": "rloo", "kl_coef": 0.05, "kl_in_reward": True, "tis_cap": 2.0},
+        algorithm={"advantage": "rloo", "kl_coef": 0.05, "kl_in_reward": True,
+                   "rollout_correction": "token_truncate"},
         trainer={"steps": 1, "export_final": True},
     )
     run_dir = tmp_path / "run"

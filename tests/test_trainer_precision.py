@@ -293,12 +293,10 @@ def test_merged_state_equals_peft_merge_without_touching_the_model(tiny_model):
 
 
 def test_manifest_precision_keys(tmp_path, tiny_model):
-    from rlcore.manifest.schema import AlgorithmTable, ModelTable
+    from rlcore.manifest.schema import ModelTable
 
     with pytest.raises(ValueError, match='compute_dtype = "float32" needs dtype = "float32"'):
         ModelTable(path="m", dtype="bfloat16", compute_dtype="float32")
-    with pytest.raises(ValueError, match="keep one"):
-        AlgorithmTable(tis_cap=2.0, rollout_correction="token_mask")
     manifest = write_run_manifest(tmp_path, tiny_model, model={"dtype": "bfloat16"})
     from rlcore.manifest.checks import check_resolved
     from rlcore.manifest.loader import load_manifest

@@ -13,7 +13,7 @@ from rlcore.interfaces import Prompt, SamplingParams, Trajectory
 from rlcore.testing import require_plugins
 from rlcore.testing.runs import TINY_RUN_PLUGINS, read_metrics, write_run_manifest
 from rlcore.trainer.data_cursor import DataCursor
-from rlcore.trainer.filling import BatchMaker, Filling, _merge_metrics
+from rlcore.trainer.filling import BatchMaker, Filling, merge_chunk_metrics
 
 GEN_S = SCORE_S = 0.3
 
@@ -90,7 +90,7 @@ def test_each_chunk_is_scored_while_the_next_generates(chunks):
 
 
 def test_merged_metrics_add_counts_and_weigh_means():
-    merged = _merge_metrics([({"reward/timeouts": 1.0, "reward/acc": 1.0, "reward/time_s": 2.0}, 3),
+    merged = merge_chunk_metrics([({"reward/timeouts": 1.0, "reward/acc": 1.0, "reward/time_s": 2.0}, 3),
                              ({"reward/timeouts": 2.0, "reward/acc": 0.0, "reward/time_s": 1.0}, 1)])
     assert merged == {"reward/timeouts": 3.0, "reward/acc": 0.75, "reward/time_s": 3.0}
 

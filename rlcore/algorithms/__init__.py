@@ -3,7 +3,10 @@
 Each module imports torch; this package's ``__init__`` imports nothing, so that naming a
 factory such as ``rlcore.algorithms.losses:build_ppo_clip`` costs nothing until a run builds it.
 
-- :mod:`~rlcore.algorithms.masked`: masked mean / variance / whitening and loss aggregation.
+- :mod:`~rlcore.algorithms.masked`: masked mean / variance / whitening and loss aggregation
+  (per-token weights, the one aggregation of the trainer and of :func:`aggregate`).
+- :mod:`~rlcore.algorithms.objective`: the actor's objective, one pure function from a
+  micro-batch's log-probs, advantages and token weights to its loss and metrics.
 - :mod:`~rlcore.algorithms.logits`: entropy and log-probabilities from logits.
 - :mod:`~rlcore.algorithms.kl`: per-token KL estimators (k1, k2, k3).
 - :mod:`~rlcore.algorithms.losses`: the PPO clipped surrogate (builtin ``ppo_clip``).
@@ -22,6 +25,12 @@ from typing import Any
 _EXPORTS = {
     "AGG_MODES": "masked",
     "aggregate": "masked",
+    "mask_totals": "masked",
+    "token_weights": "masked",
+    "ObjectiveInput": "objective",
+    "ObjectiveOptions": "objective",
+    "aggregation_of": "objective",
+    "policy_objective": "objective",
     "masked_mean": "masked",
     "masked_sum": "masked",
     "masked_var": "masked",
@@ -32,7 +41,6 @@ _EXPORTS = {
     "kl_penalty": "kl",
     "build_ppo_clip": "losses",
     "ppo_clip_loss": "losses",
-    "tis_weights": "importance",
     "CORRECTIONS": "importance",
     "correction_weights": "importance",
     "mismatch_sums": "importance",

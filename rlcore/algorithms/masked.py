@@ -11,8 +11,8 @@ from typing import Literal
 
 import torch
 
-AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
-AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def as_bool_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -63,35 +63,67 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     return masked_fill_zero(whitened, mask)
 
 
+def mask_totals(mask: torch.Tensor) -> tuple[float, float]:
+    """(masked tokens, sequences with at least one masked token) of a [B, T] mask."""
+    m = as_bool_mask(mask)
+    return float(m.sum()), float(m.any(-1).sum())
+
+
+def token_weights(
+    mask: torch.Tensor,
+    mode: str = "token-mean",
+    totals: tuple[float, float] | None = None,
+    norm_length: float | None = None,
+) -> torch.Tensor:
+    """Per-token weights ``w`` with ``loss = sum(w * per_token_loss)`` for an aggregation mode: the
+    one aggregation of rlcore (the trainer's and :func:`aggregate`'s).
+
+    - ``token-mean``: ``1/M``, M the masked tokens;
+    - ``seq-mean-token-sum``: ``1/S``, S the sequences with at least one masked token;
+    - ``seq-mean-token-mean``: ``1/(S * len_s)``, each sequence's token mean averaged;
+    - ``seq-mean-token-sum-norm``: ``1/(S * L)``, each sequence's token sum over a constant length
+      ``L`` (``norm_length``: the longest response allowed, Dr. GRPO's normaliser), averaged over
+      sequences; verl divides by its padded response width, which is that length.
+
+    ``totals`` gives (M, S) of the whole mini-batch when ``mask`` holds only part of it (a
+    micro-batch, a rank's rows), so a mini-batch's loss does not depend on how it is split.
+    """
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown loss aggregation mode {mode!r}; expected one of {', '.join(AGG_MODES)}")
+    mask = as_bool_mask(mask).float()
+    tokens, sequences = totals if totals is not None else mask_totals(mask)
+    tokens, sequences = max(tokens, 1.0), max(sequences, 1.0)
+    if mode == "token-mean":
+        return mask / tokens
+    if mode == "seq-mean-token-sum":
+        return mask / sequences
+    if mode == "seq-mean-token-mean":
+        return mask / mask.sum(-1).clamp(min=1).unsqueeze(-1) / sequences
+    length = float(norm_length) if norm_length is not None else float(mask.shape[-1])
+    return mask / max(length, 1.0) / sequences
+
+
 def aggregate(
     loss: torch.Tensor,
     mask: torch.Tensor,
     mode: str = "token-mean",
     normalizer: float | torch.Tensor | None = None,
+    norm_length: float | None = None,
 ) -> torch.Tensor:
-    """Reduce a per-token loss [B, T] to a scalar.
+    """Reduce a per-token loss [B, T] to a scalar, with the weights of :func:`token_weights`.
 
-    - ``token-mean``: sum over every valid token / number of valid tokens.
-    - ``seq-mean-token-sum``: each sequence's token sum, averaged over sequences.
-    - ``seq-mean-token-mean``: each sequence's token mean, averaged over sequences.
-
-    Sequences with no valid token do not count in the sequence average. ``normalizer``
-    replaces the local divisor (valid tokens, or valid sequences) so that micro-batches of one
-    mini-batch can share the mini-batch's divisor. An all-zero mask gives 0 that still has a
+    ``normalizer`` replaces the divisor counted here (valid tokens for ``token-mean``, valid
+    sequences otherwise) so that micro-batches of one mini-batch can share the mini-batch's.
+    Masked positions never count, even holding NaN. An all-zero mask gives 0 that still has a
     gradient (so ``backward()`` works) and is never NaN.
     """
     if mode not in AGG_MODES:
         raise ValueError(f"unknown loss aggregation mode {mode!r}; expected one of {', '.join(AGG_MODES)}")
     m = as_bool_mask(mask)
-    clean = masked_fill_zero(loss, m)
-    if mode == "token-mean":
-        total = clean.sum()
-        divisor = m.sum() if normalizer is None else normalizer
-    else:
-        per_seq = clean.sum(-1)
-        if mode == "seq-mean-token-mean":
-            per_seq = per_seq / m.sum(-1).clamp(min=1).to(per_seq.dtype)
-        total = per_seq.sum()
-        divisor = m.any(-1).sum() if normalizer is None else normalizer
-    divisor = torch.as_tensor(divisor, dtype=total.dtype, device=total.device).clamp(min=1)
-    return total / divisor
+    totals = None
+    if normalizer is not None:
+        tokens, sequences = mask_totals(m)
+        value = float(normalizer)
+        totals = (value, sequences) if mode == "token-mean" else (tokens, value)
+    weights = token_weights(m, mode, totals, norm_length).to(loss.dtype)
+    return (masked_fill_zero(loss, m) * weights).sum()

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-from rlcore.interfaces import LaunchRequest
+from rlcore.interfaces import BuildContext, LaunchRequest
 
 
 class LocalLauncher:
-    def __init__(self, manifest) -> None:
-        self.manifest = manifest
-
     def launch(self, request: LaunchRequest) -> int:
         if request.dry_run:
             print(f"would train {request.manifest_path} in this process; run directory {request.run_dir}")
             return 0
-        from rlcore.trainer.driver import run_driver
+        from rlcore.launching import run_driver_here
 
-        return run_driver(self.manifest, request.run_dir, resume=request.resume)
+        return run_driver_here(request)
 
 
-def build(options, context) -> LocalLauncher:
-    """``context`` is the ResolvedManifest the CLI validated."""
-    return LocalLauncher(context)
+def build(options, context: BuildContext | None = None) -> LocalLauncher:
+    return LocalLauncher()

@@ -33,7 +33,7 @@ class PythonReward:
     """A user's function as a reward: ``fn(item: RewardInput)`` or verl's
     ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``, told apart by the
     signature. verl functions may return a dict with a ``score`` key; its other numeric keys
-    become metrics (see :func:`rlcore.trainer.reward_runner._normalise`)."""
+    become metrics (see :func:`rlcore.reward_pool._normalise`)."""
 
     required_fields: frozenset[str] = frozenset()
 

@@ -23,7 +23,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from rlcore.components import Component
 from rlcore.errors import ManifestError, Problem, RlcoreError, did_you_mean
 from rlcore.manifest.locate import find_duplicate, key_lines, line_of
-from rlcore.manifest.schema import COMPONENT_MAPS, COMPONENT_TABLES, Manifest
+from rlcore.manifest.schema import COMPONENT_MAPS, COMPONENT_TABLES, RETIRED_KEYS, Manifest
 from rlcore.registry import Registry
 
 _TOML_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
@@ -315,6 +315,7 @@ def _flatten(values: Any, prefix: str) -> list[str]:
 
 def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry: Registry) -> ResolvedManifest:
     base_dir = path.parent
+    doc = _without_retired(doc, col)
     core_doc = copy.deepcopy(doc)
     extras: dict[str, dict[str, Any]] = {}
 
@@ -386,6 +387,19 @@ def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry
     if col.problems:
         raise ManifestError(col.problems)
     return ResolvedManifest(path=path, raw=doc, core=core, selected=selected)
+
+
+def _without_retired(doc: dict[str, Any], col: _Collector) -> dict[str, Any]:
+    """``doc`` without the keys rlcore no longer has, each reported with what replaces it."""
+    out = doc
+    for dotted, message in RETIRED_KEYS.items():
+        table, _, key = dotted.partition(".")
+        if isinstance(doc.get(table), dict) and key in doc[table]:
+            col.add(dotted, f"{key} {message}")
+            if out is doc:
+                out = copy.copy(doc)
+            out[table] = {k: v for k, v in out[table].items() if k != key}
+    return out
 
 
 def _check_steps(col: _Collector, doc: dict[str, Any]) -> None:

@@ -8,24 +8,24 @@ them.
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 from loguru import logger
 
-from rlcore.algorithms.importance import correction_weights, merge_mismatch, mismatch_metrics, mismatch_sums, tis_weights
-from rlcore.interfaces import PolicyLossInput
+from rlcore.algorithms.importance import merge_mismatch, mismatch_metrics, mismatch_sums
+from rlcore.algorithms.masked import mask_totals, token_weights
+from rlcore.algorithms.objective import ObjectiveInput, ObjectiveOptions, policy_objective
 from rlcore.manifest.schema import Manifest, ModelTable
 from rlcore.trainer import compiling, models, precision
-from rlcore.trainer.batch import RolloutBatch, mask_totals, token_weights
+from rlcore.trainer.batch import RolloutBatch
 from rlcore.trainer.batching import Batching
-from rlcore.trainer.checkpoint import load_actor_weights
-from rlcore.trainer.distributed import Distributed, clip_grad_norm, fsdp_wrap, unsharded
+from rlcore.checkpoint import load_actor_weights
+from rlcore.trainer.distributed import Distributed, fsdp_wrap, unsharded
 from rlcore.trainer.logprobs import TokenLogprobs, token_logprobs
 from rlcore.trainer.optim import adamw, train_temperature, warmup
+from rlcore.trainer.updating import run_updates
 
 
 class Actor(precision.TrainedRole):
@@ -103,94 +103,52 @@ class Actor(precision.TrainedRole):
         for name, tensor in (adapter_state if self.engine_lora else merged_state)(self.module):
             yield name, (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor)
 
-    def update(self, batch: RolloutBatch, temperature: float, has_old: bool, policy_loss, with_reference: bool) -> dict[str, float]:
-        """PPO epochs over mini-batches of ``batch``: one optimizer step each. ``has_old``: the batch
-        holds recomputed old log-probs (else the pass's own, detached, are the old ones)."""
-        algo, t = self.cfg.algorithm, self.cfg.trainer
-        optimizer = self.optimizer
-        sums: dict[str, list[float]] = defaultdict(list)
+    def update(self, batch: RolloutBatch, temperature: float, has_old: bool, policy_loss,
+               objective: ObjectiveOptions, norm_length: float | None = None) -> dict[str, float]:
+        """PPO epochs over mini-batches of ``batch``: one optimizer step each, on the objective of
+        :func:`rlcore.algorithms.objective.policy_objective`. ``has_old``: the batch holds
+        recomputed old log-probs (else the pass's own, detached, are the old ones);
+        ``norm_length``: the constant length of ``seq-mean-token-sum-norm``."""
         temperature = train_temperature(temperature)
         need_entropy = True  # reported as actor/entropy even when it is not in the loss
         gap = None  # the rollout/trainer log-prob gap, measured on this pass when old log-probs were not recomputed
-        for _ in range(algo.ppo_epochs):
-            for rows in self.batching.mini_batches(batch):
-                optimizer.zero_grad(set_to_none=True)
-                mask_rows = batch.response_mask[rows]
-                tokens, sequences = mask_totals(mask_rows)
-                totals = (self.dist.sum(tokens), self.dist.sum(sequences))
-                weights_all = token_weights(mask_rows, algo.loss_agg_mode, totals)
-                row_pos = {r: i for i, r in enumerate(rows)}
-                # Metrics stay on the device until the mini-batch ends: a read-back per micro-batch
-                # would stall the GPU between its forward and backward passes.
-                acc: dict[str, Any] = defaultdict(float)
-                for micro in self.batching.micro_batches(batch, rows):
-                    if micro is None:
-                        self.dummy_forward().backward()
-                        continue
-                    lp, ent = token_logprobs(self.policy, micro, temperature, with_entropy=need_entropy,
-                                             entropy_grad=algo.entropy_coef > 0)
-                    logprobs = micro.scatter(lp, batch.width)
-                    entropy = micro.scatter(ent, batch.width)
-                    dev = logprobs.device
-                    sel = micro.rows
-                    mask = batch.response_mask[sel].to(dev)
-                    weights = weights_all[[row_pos[r] for r in sel]].to(dev)
-                    old = batch.tensors["old_logprobs"][sel].to(dev) if has_old else logprobs.detach()
-                    rollout_lp = batch.rollout_logprobs[sel].to(dev)
-                    pg, pg_metrics = policy_loss(
-                        PolicyLossInput(
-                            logprobs=logprobs,
-                            old_logprobs=old,
-                            advantages=batch.tensors["advantages"][sel].to(dev),
-                            response_mask=mask,
-                            rollout_logprobs=rollout_lp,
-                        )
-                    )
-                    share = weights.sum()  # this micro-batch's share of the mini-batch
-                    if not has_old:
-                        gap = merge_mismatch(gap, mismatch_sums(old, rollout_lp, mask))
-                    if algo.tis_cap is not None:
-                        pg = pg * tis_weights(old, rollout_lp, algo.tis_cap, mask)
-                    elif algo.rollout_correction != "none":
-                        lower = algo.rollout_is_threshold_lower or 1.0 / algo.rollout_is_threshold
-                        correction, correction_stats = correction_weights(
-                            old, rollout_lp, mask, algo.rollout_correction, algo.rollout_is_threshold, lower
-                        )
-                        pg = pg * correction
-                        for key, value in correction_stats.items():
-                            acc[key] += value * share
-                    loss = (pg * weights).sum()
-                    acc["actor/pg_loss"] += loss.detach()
-                    if algo.entropy_coef > 0:
-                        loss = loss - algo.entropy_coef * (entropy * weights).sum()
-                    if with_reference and not algo.kl_in_reward:
-                        from rlcore.algorithms.kl import kl_penalty
 
-                        ref = batch.tensors["ref_logprobs"][sel].to(dev)
-                        kl_loss = (kl_penalty(logprobs, ref, algo.kl_estimator) * weights).sum()
-                        loss = loss + algo.kl_coef * kl_loss
-                        acc["actor/kl_loss"] += kl_loss.detach()
-                    # FSDP averages gradients over ranks; the weights already normalise globally.
-                    (loss * self.dist.world).backward()
-                    acc["actor/entropy"] += (entropy.detach() * weights).sum()
-                    for key, value in pg_metrics.items():
-                        acc[f"actor/{key}"] += (value.detach() if torch.is_tensor(value) else value) * share
-                # Each rank holds its share of every sum; add them up.
-                acc = {k: self.dist.sum(float(v)) for k, v in sorted(acc.items())}
-                grad_norm = clip_grad_norm(self.params, t.grad_clip, self.dist)
-                if math.isfinite(grad_norm):
-                    self.optimizer_step()
-                else:
-                    logger.warning("non-finite gradient norm; the update is skipped")
-                    sums["actor/skipped_updates"].append(1.0)
-                acc["actor/grad_norm"] = grad_norm
-                for key, value in acc.items():
-                    sums[key].append(value)
-        self.scheduler.step()
-        out = {k: sum(v) / len(v) for k, v in sums.items()}
+        def mini_batch(rows: list[int]):
+            mask_rows = batch.response_mask[rows]
+            tokens, sequences = mask_totals(mask_rows)
+            totals = (self.dist.sum(tokens), self.dist.sum(sequences))
+            weights_all = token_weights(mask_rows, objective.loss_agg_mode, totals, norm_length)
+            row_pos = {r: i for i, r in enumerate(rows)}
+
+            def micro_step(micro):
+                nonlocal gap
+                lp, ent = token_logprobs(self.policy, micro, temperature, with_entropy=need_entropy,
+                                         entropy_grad=objective.entropy_coef > 0)
+                logprobs = micro.scatter(lp, batch.width)
+                dev = logprobs.device
+                sel = micro.rows
+                mask = batch.response_mask[sel].to(dev)
+                old = batch.tensors["old_logprobs"][sel].to(dev) if has_old else logprobs.detach()
+                rollout_lp = batch.rollout_logprobs[sel].to(dev)
+                if not has_old:
+                    gap = merge_mismatch(gap, mismatch_sums(old, rollout_lp, mask))
+                return policy_objective(policy_loss, ObjectiveInput(
+                    logprobs=logprobs,
+                    old_logprobs=old,
+                    advantages=batch.tensors["advantages"][sel].to(dev),
+                    response_mask=mask,
+                    token_weights=weights_all[[row_pos[r] for r in sel]].to(dev),
+                    rollout_logprobs=rollout_lp,
+                    ref_logprobs=batch.tensors["ref_logprobs"][sel].to(dev) if objective.kl_loss else None,
+                    entropy=micro.scatter(ent, batch.width),
+                ), objective)
+
+            return micro_step
+
+        out = run_updates(self, batch, epochs=self.cfg.algorithm.ppo_epochs, batching=self.batching, dist=self.dist,
+                          grad_clip=self.cfg.trainer.grad_clip, mini_batch=mini_batch, prefix="actor")
         if "actor/entropy" in out:
             out["actor/entropy_loss"] = out["actor/entropy"]  # verl's older name for the same mean entropy
         if gap is not None:
             out.update(mismatch_metrics(gap))
         return out
-

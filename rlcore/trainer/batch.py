@@ -141,29 +141,3 @@ def _micro(batch: RolloutBatch, rows: list[int], device) -> MicroBatch:
         local_rows=as_long(local_rows),
         cols=as_long(cols),
     )
-
-
-def mask_totals(mask: torch.Tensor) -> tuple[float, float]:
-    """(masked tokens, sequences with at least one masked token) of a [B, T] mask."""
-    mask = mask.float()
-    return float(mask.sum()), float((mask.sum(-1) > 0).sum())
-
-
-def token_weights(mask: torch.Tensor, mode: str, totals: tuple[float, float] | None = None) -> torch.Tensor:
-    """Per-token weights w with loss = sum(w * per_token_loss) for an aggregation mode.
-
-    Computed once per mini-batch, so the loss is the same however the mini-batch is split into
-    micro-batches (or ranks): token-mean 1/M; seq-mean-token-sum 1/S; seq-mean-token-mean
-    1/(S * len_s), where M counts masked tokens and S sequences with at least one masked token.
-    ``totals`` gives (M, S) of the whole mini-batch when ``mask`` holds only part of it.
-    """
-    mask = mask.float()
-    tokens, sequences = totals if totals is not None else mask_totals(mask)
-    tokens, sequences = max(tokens, 1.0), max(sequences, 1.0)
-    if mode == "token-mean":
-        return mask / tokens
-    if mode == "seq-mean-token-sum":
-        return mask / sequences
-    if mode == "seq-mean-token-mean":
-        return mask / mask.sum(-1).clamp(min=1).unsqueeze(-1) / sequences
-    raise ValueError(f"unknown loss aggregation mode {mode!r}")

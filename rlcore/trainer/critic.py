@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
-
 import torch
 
 from rlcore.manifest.schema import Manifest, ModelTable
 from rlcore.trainer import precision
 from rlcore.trainer.batch import RolloutBatch
 from rlcore.trainer.batching import Batching
-from rlcore.trainer.distributed import Distributed, clip_grad_norm, fsdp_wrap
+from rlcore.trainer.distributed import Distributed, fsdp_wrap
 from rlcore.trainer.optim import adamw, warmup
+from rlcore.trainer.updating import run_updates
 
 
 class Critic(precision.TrainedRole):
@@ -54,37 +52,27 @@ class Critic(precision.TrainedRole):
         """Clipped value-loss steps over the same mini-batches as the actor's."""
         from rlcore.algorithms.value import clipped_value_loss
 
-        c, algo = self.cfg.critic, self.cfg.algorithm
-        optimizer = self.optimizer
-        sums: dict[str, list[float]] = defaultdict(list)
-        for _ in range(algo.ppo_epochs):
-            for rows in self.batching.mini_batches(batch):
-                optimizer.zero_grad(set_to_none=True)
-                total = 0.0
-                clip_fracs = []
-                tokens = max(self.dist.sum(float(batch.response_mask[rows].sum())), 1.0)
-                for micro in self.batching.micro_batches(batch, rows):
-                    if micro is None:
-                        self.dummy_forward().backward()
-                        continue
-                    values = self.module(input_ids=micro.input_ids, position_ids=micro.position_ids)[0][micro.select]
-                    sel = micro.rows
-                    values = micro.scatter(values.float(), batch.width)
-                    dev = values.device
-                    mask = batch.response_mask[sel].to(dev)
-                    loss, vm = clipped_value_loss(
-                        values, batch.tensors["values"][sel].to(dev), batch.tensors["returns"][sel].to(dev),
-                        mask, c.value_clip, "token-mean",
-                    )
-                    share = float(mask.sum()) / tokens
-                    (loss * share * c.value_coef * self.dist.world).backward()
-                    total += float(loss.detach()) * share
-                    clip_fracs.append(float(vm.get("critic/vf_clipfrac", 0.0)) * share)
-                grad_norm = clip_grad_norm(self.params, self.cfg.trainer.grad_clip, self.dist)
-                if math.isfinite(grad_norm):
-                    self.optimizer_step()
-                sums["critic/vf_loss"].append(self.dist.sum(total))
-                sums["critic/vf_clipfrac"].append(self.dist.sum(sum(clip_fracs)))
-                sums["critic/grad_norm"].append(grad_norm)
-        self.scheduler.step()
-        return {k: sum(v) / len(v) for k, v in sums.items()}
+        c = self.cfg.critic
+
+        def mini_batch(rows: list[int]):
+            tokens = max(self.dist.sum(float(batch.response_mask[rows].sum())), 1.0)
+
+            def micro_step(micro):
+                values = self.module(input_ids=micro.input_ids, position_ids=micro.position_ids)[0][micro.select]
+                sel = micro.rows
+                values = micro.scatter(values.float(), batch.width)
+                dev = values.device
+                mask = batch.response_mask[sel].to(dev)
+                loss, vm = clipped_value_loss(
+                    values, batch.tensors["values"][sel].to(dev), batch.tensors["returns"][sel].to(dev),
+                    mask, c.value_clip, "token-mean",
+                )
+                share = float(mask.sum()) / tokens
+                shares = {"critic/vf_loss": float(loss.detach()) * share,
+                          "critic/vf_clipfrac": float(vm.get("critic/vf_clipfrac", 0.0)) * share}
+                return loss * share * c.value_coef, shares
+
+            return micro_step
+
+        return run_updates(self, batch, epochs=self.cfg.algorithm.ppo_epochs, batching=self.batching, dist=self.dist,
+                           grad_clip=self.cfg.trainer.grad_clip, mini_batch=mini_batch, prefix="critic")

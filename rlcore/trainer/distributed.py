@@ -21,7 +21,6 @@ from rlcore.errors import RlcoreError
 
 # How metrics of the ranks combine into one value (default: the mean).
 # perf/throughput is per GPU, as verl defines it (each rank's tokens per second, averaged).
-_SUM_KEYS = ("perf/total_num_tokens", "perf/throughput_total", "reward/errors", "reward/timeouts", "agent/tool_errors/sum")
 
 
 class Distributed:
@@ -103,23 +102,6 @@ class Distributed:
         if (self.enabled or self._owns_group) and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_group = False
-
-
-def combine_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """One metrics dict from every rank's: max of maxima and timings, sums of counts, else means."""
-    keys = sorted({k for m in per_rank for k in m})
-    out: dict[str, float] = {}
-    for key in keys:
-        values = [m[key] for m in per_rank if key in m]
-        if key.endswith("/max") or key.startswith("timing_s/"):
-            out[key] = max(values)
-        elif key.endswith("/min"):
-            out[key] = min(values)
-        elif key in _SUM_KEYS:
-            out[key] = sum(values)
-        else:
-            out[key] = sum(values) / len(values)
-    return out
 
 
 def fsdp_wrap(model: torch.nn.Module, init_forward, mp_policy=None, offload: bool = False) -> torch.nn.Module:

@@ -12,7 +12,7 @@ from loguru import logger
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.manifest.loader import ResolvedManifest
 from rlcore.rundir import RunDirLock, holds_checkpoints_message
-from rlcore.trainer.checkpoint import Checkpointer, write_atomic_text
+from rlcore.checkpoint import Checkpointer, write_atomic_text
 from rlcore.trainer.stopping import Stopped
 
 

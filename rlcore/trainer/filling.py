@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from rlcore.interfaces import Prompt, SamplingParams, Trajectory
 from rlcore.trainer.data_cursor import DataCursor
+from rlcore.trainer.metrics import merge_metrics
 from rlcore.trainer.scoring import Scorer
 
 # (step, cursor) -> the step's prompts and sampling parameters; advances the cursor.
@@ -151,7 +152,7 @@ class BatchMaker:
             with phase("reward"):
                 results = [future.result() for future in pending]
         scores = [score for chunk_scores, _ in results for score in chunk_scores]
-        return trajectories, scores, _merge_metrics([(m, len(c)) for c, m in results]), generated - started, \
+        return trajectories, scores, merge_chunk_metrics([(m, len(c)) for c, m in results]), generated - started, \
             time.perf_counter() - generated
 
 
@@ -162,14 +163,10 @@ def _chunk_bounds(prompts: int, chunks: int) -> list[tuple[int, int]]:
     return [(edges[i], edges[i + 1]) for i in range(chunks)]
 
 
-def _merge_metrics(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
-    """The reward metrics of chunks scored apart as one batch's: counts and seconds add up, means
-    are weighted by the chunks' sizes."""
-    from rlcore.trainer.reward_runner import FAILURE_METRICS
+def merge_chunk_metrics(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """The reward metrics of chunks scored apart, of ``(metrics, size)``, as one batch's: counts and
+    seconds (the chunks were scored one after another) add up, means are weighted by size."""
+    from rlcore.reward_pool import FAILURE_METRICS
 
-    summed = set(FAILURE_METRICS.values()) | {"reward/time_s"}
-    out: dict[str, float] = {}
-    for key in {k for metrics, _ in parts for k in metrics}:
-        have = [(metrics[key], n) for metrics, n in parts if key in metrics]
-        out[key] = sum(v for v, _ in have) if key in summed else sum(v * n for v, n in have) / max(sum(n for _, n in have), 1)
-    return out
+    return merge_metrics([m for m, _ in parts], [n for _, n in parts],
+                         summed=set(FAILURE_METRICS.values()) | {"reward/time_s"})

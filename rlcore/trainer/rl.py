@@ -23,6 +23,7 @@ import torch
 from loguru import logger
 
 from rlcore.algorithms.importance import mismatch_metrics, mismatch_sums
+from rlcore.algorithms.objective import ObjectiveOptions
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import AdvantageInput, BuildContext, Prompt, SamplingParams, Trajectory
 from rlcore.manifest.loader import ResolvedManifest
@@ -30,9 +31,10 @@ from rlcore.trainer import models, precision, startup_checks
 from rlcore.trainer.actor import Actor
 from rlcore.trainer.batch import RolloutBatch, build_batch
 from rlcore.trainer.batching import Batching
-from rlcore.trainer.checkpoint import Checkpointer
+from rlcore.checkpoint import Checkpointer
 from rlcore.trainer.data_cursor import DataCursor, MixedCursor, shares
-from rlcore.trainer.distributed import Distributed, combine_metrics
+from rlcore.trainer.distributed import Distributed
+from rlcore.trainer.metrics import merge_metrics
 from rlcore.trainer.flops import mfu, peak_tflops
 from rlcore.trainer.lora import adapter_spec, takes_adapters
 from rlcore.trainer.phases import MemoryHistory, Timer, profiled
@@ -111,6 +113,11 @@ class RLTrainer:
         context.tokenizer, context.actor = self.tokenizer, self.actor.module
         self.estimator = self._build("algorithm.advantage", context)
         self.policy_loss = self._build("algorithm.policy_loss", context)
+        self.objective = ObjectiveOptions.from_algorithm(cfg.algorithm, self.policy_loss)
+        if self.objective.loss_agg_mode != cfg.algorithm.loss_agg_mode:
+            logger.info("policy loss {!r} aggregates by {} (its definition), not [algorithm] loss_agg_mode = {}",
+                        self.manifest.component("algorithm.policy_loss").component.name,
+                        self.objective.loss_agg_mode, cfg.algorithm.loss_agg_mode)
         if "critic" in self.manifest.component("algorithm.advantage").component.needs:
             from rlcore.trainer.critic import Critic
 
@@ -441,12 +448,13 @@ class RLTrainer:
             metrics["perf/mfu/actor"] = utilisation
         metrics["training/epoch"] = self.cursor.epoch
         metrics["actor/lr"] = self.actor.scheduler.get_last_lr()[0]
-        return combine_metrics(self.dist.gather(metrics)) if self.dist.enabled else metrics
+        return merge_metrics(self.dist.gather(metrics)) if self.dist.enabled else metrics
 
     # ------------------------------------------------------------------ pieces of a step
 
     def update_actor(self, batch: RolloutBatch, temperature: float, has_old: bool) -> dict[str, float]:
-        return self.actor.update(batch, temperature, has_old, self.policy_loss, with_reference=self.reference is not None)
+        return self.actor.update(batch, temperature, has_old, self.policy_loss, self.objective,
+                                 norm_length=self.cfg.algorithm.loss_norm_length or self.cfg.data.max_response_tokens)
 
     def _advantages(self, batch: RolloutBatch, metrics: dict[str, Any]) -> None:
         algo = self.cfg.algorithm

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from rlcore.errors import UsageError
 from rlcore.interfaces import Prompt, RewardInput, Trajectory
-from rlcore.trainer.reward_runner import RewardRunner, check_required_fields, score_batched
+from rlcore.reward_pool import RewardRunner, check_required_fields, score_batched
 
 
 class RoutedReward:

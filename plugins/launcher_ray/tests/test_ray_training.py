@@ -23,7 +23,7 @@ pytest.importorskip("torch")
 from rlcore.cli import main as rlcore_main  # noqa: E402
 from rlcore.testing import require_plugins  # noqa: E402
 from rlcore.testing.runs import TINY_RUN, deep_update, train_rows  # noqa: E402
-from rlcore.trainer.checkpoint import STATE_FILE  # noqa: E402
+from rlcore.checkpoint import STATE_FILE  # noqa: E402
 
 # The runs use the hf engine and the reinforce_pp estimator, of plugins this one does not depend on.
 require_plugins("rlcore_rollout_hf", "rlcore_algo_grpo")

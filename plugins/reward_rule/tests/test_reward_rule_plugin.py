@@ -13,7 +13,7 @@ from rlcore.errors import ManifestError
 from rlcore.interfaces import RewardInput
 from rlcore.manifest.loader import load_manifest
 from rlcore.registry import Registry
-from rlcore.trainer.reward_runner import RewardRunner
+from rlcore.reward_pool import RewardRunner
 from rlcore.testing.rewards import check_reward_function
 
 import rlcore

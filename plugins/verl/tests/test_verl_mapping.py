@@ -125,8 +125,11 @@ def test_dr_grpo_and_unsupported_estimators_and_losses():
     assert value(conv(A + "policy_loss.loss_mode=gspo"), "algorithm", "policy_loss") == "gspo"
     reason, essential = unmapped(conv(A + "policy_loss.loss_mode=clip_cov"))[A + "policy_loss.loss_mode"]
     assert essential and "rlcore_policy_losses" in reason
-    reason, essential = unmapped(conv(A + "loss_agg_mode=seq-mean-token-sum-norm"))[A + "loss_agg_mode"]
-    assert essential and "token-mean, seq-mean-token-sum, seq-mean-token-mean" in reason
+    c = conv(A + "loss_agg_mode=seq-mean-token-sum-norm", A + "loss_scale_factor=4096")
+    assert value(c, "algorithm", "loss_agg_mode") == "seq-mean-token-sum-norm"
+    assert value(c, "algorithm", "loss_norm_length") == 4096
+    reason, essential = unmapped(conv(A + "loss_agg_mode=seq-sum"))[A + "loss_agg_mode"]
+    assert essential and "token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm" in reason
 
 
 def test_sampling_and_validation_sampling():

@@ -118,10 +118,10 @@ class SkyPilotLauncher:
         return code
 
 
-def build(options: SkyPilotOptions, context=None) -> SkyPilotLauncher:
-    """``context`` is the run's resolved manifest; its ``[plugins]`` table (each component's
-    distribution and version) says what setup installs on the nodes."""
+def build(options: SkyPilotOptions, context: BuildContext | None = None) -> SkyPilotLauncher:
+    """``context`` is the run's :class:`BuildContext`; the resolved manifest's ``[plugins]`` table
+    (each component's distribution and version) says what setup installs on the nodes."""
     plugins: dict[str, dict] = {}
     if context is not None:
-        plugins = dict(BuildContext.from_manifest(context).manifest.get("plugins", {}))
+        plugins = dict(context.manifest.get("plugins", {}))
     return SkyPilotLauncher(options, plugins)

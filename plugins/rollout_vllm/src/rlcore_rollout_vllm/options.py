@@ -60,7 +60,7 @@ class VLLMOptions(Options):
         None,
         description="fp8: vLLM quantizes the weights to FP8 (per tensor, dynamic activation scales) as it loads them and "
         "at each weight update; its log-probs then differ more from the trainer's, so [algorithm] rollout_correction "
-        "(or tis_cap) must be set",
+        "must be set",
     )
     weight_bucket_mb: int = Field(512, ge=1, description="full weight updates are sent in buckets of about this size")
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = Field(

@@ -30,11 +30,11 @@ def check_correction(options: VLLMOptions, context: BuildContext | None) -> None
     if not options.quantization or context is None or not context.manifest:
         return
     algorithm = context.manifest.get("algorithm") or {}
-    if algorithm.get("rollout_correction", "none") == "none" and algorithm.get("tis_cap") is None:
+    if algorithm.get("rollout_correction", "none") == "none":
         raise UsageError(
             f'[rollout] quantization = "{options.quantization}" samples from FP8 weights while the trainer computes '
             "log-probs in its own precision; set [algorithm] rollout_correction (e.g. \"token_truncate\", as verl's "
-            "FP8 rollouts do) or tis_cap, so that the loss is weighted by the trainer/engine ratio"
+            "FP8 rollouts do), so that the loss is weighted by the trainer/engine ratio"
         )
 
 

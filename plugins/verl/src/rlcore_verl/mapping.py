@@ -419,14 +419,17 @@ def policy_loss(c: Conversion) -> None:
     else:
         c.skip(A + "loss_agg_mode", f"{agg!r}: rlcore aggregates by {', '.join(SUPPORTED_AGGREGATIONS)}",
                essential=True, always=True)
-    if c.get(A + "loss_scale_factor") is not None:
-        c.skip(A + "loss_scale_factor", "rlcore normalises the loss by its loss_agg_mode only", essential=True)
+    factor = c.get(A + "loss_scale_factor")
+    if factor is not None and agg == "seq-mean-token-sum-norm":
+        c.put("algorithm", "loss_norm_length", int(factor), A + "loss_scale_factor")
+    elif factor is not None:
+        c.skip(A + "loss_scale_factor", "verl uses it only with loss_agg_mode = seq-mean-token-sum-norm")
     else:
         c.use(A + "loss_scale_factor")
     c.put("algorithm", "entropy_coef", c.float(A + "entropy_coeff"), A + "entropy_coeff")
 
 
-SUPPORTED_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+SUPPORTED_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 # verl's names of its advantage estimators -> rlcore's.
 ESTIMATORS = {"gae": "gae", "grpo": "grpo", "rloo": "rloo", "reinforce_plus_plus": "reinforce_pp"}
 # verl's KL estimators (kl_loss_type, kl_penalty) -> rlcore's kl_estimator.

@@ -1,0 +1,63 @@
+"""The update loop both trained roles share: epochs over mini-batches, gradients accumulated over
+packed micro-batches, one optimizer step per mini-batch.
+
+A role gives what is its own: for each mini-batch, a function that runs one micro-batch's forward
+pass and returns the loss to back-propagate with that micro-batch's share of each metric. The loop
+keeps ranks in step (a rank with fewer micro-batches runs dummy passes), adds the metric shares up
+over micro-batches and ranks, clips the gradient, skips a step whose gradient norm is not finite,
+and averages the metrics over mini-batches and epochs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any, Callable
+
+import torch
+from loguru import logger
+
+from rlcore.trainer.batch import MicroBatch, RolloutBatch
+from rlcore.trainer.batching import Batching
+from rlcore.trainer.distributed import Distributed, clip_grad_norm
+
+# For one micro-batch: (loss to back-propagate, this micro-batch's share of each metric).
+MicroStep = Callable[[MicroBatch], tuple[torch.Tensor, dict[str, Any]]]
+
+
+def run_updates(role, batch: RolloutBatch, *, epochs: int, batching: Batching, dist: Distributed, grad_clip: float,
+                mini_batch: Callable[[list[int]], MicroStep], prefix: str) -> dict[str, float]:
+    """``epochs`` passes over ``batch``'s mini-batches, one optimizer step of ``role`` each; the
+    mean over the steps of every metric, and ``{prefix}/grad_norm`` (``{prefix}/skipped_updates``
+    counts steps left out for a non-finite gradient). ``role`` is a :class:`TrainedRole` with
+    ``optimizer``, ``params``, ``scheduler`` and ``dummy_forward()``."""
+    sums: dict[str, list[float]] = defaultdict(list)
+    for _ in range(epochs):
+        for rows in batching.mini_batches(batch):
+            role.optimizer.zero_grad(set_to_none=True)
+            micro_step = mini_batch(rows)
+            # Metrics stay on the device until the mini-batch ends: a read-back per micro-batch
+            # would stall the GPU between its forward and backward passes.
+            acc: dict[str, Any] = defaultdict(float)
+            for micro in batching.micro_batches(batch, rows):
+                if micro is None:
+                    role.dummy_forward().backward()
+                    continue
+                loss, shares = micro_step(micro)
+                # FSDP averages gradients over ranks; the weights already normalise globally.
+                (loss * dist.world).backward()
+                for key, value in shares.items():
+                    acc[key] += value
+            # Each rank holds its share of every sum; add them up.
+            acc = {k: dist.sum(float(v)) for k, v in sorted(acc.items())}
+            grad_norm = clip_grad_norm(role.params, grad_clip, dist)
+            if math.isfinite(grad_norm):
+                role.optimizer_step()
+            else:
+                logger.warning("{}: non-finite gradient norm; the update is skipped", prefix)
+                sums[f"{prefix}/skipped_updates"].append(1.0)
+            acc[f"{prefix}/grad_norm"] = grad_norm
+            for key, value in acc.items():
+                sums[key].append(value)
+    role.scheduler.step()
+    return {k: sum(v) / len(v) for k, v in sums.items()}
