@@ -165,9 +165,9 @@ def _chunk_bounds(prompts: int, chunks: int) -> list[tuple[int, int]]:
 def _merge_metrics(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
     """The reward metrics of chunks scored apart as one batch's: counts and seconds add up, means
     are weighted by the chunks' sizes."""
-    from rlcore.trainer.reward_runner import FAILURE_METRICS
+    from rlcore.trainer.reward_runner import COUNT_METRICS, FAILURE_METRICS
 
-    summed = set(FAILURE_METRICS.values()) | {"reward/time_s"}
+    summed = set(FAILURE_METRICS.values()) | set(COUNT_METRICS) | {"reward/time_s"}
     out: dict[str, float] = {}
     for key in {k for metrics, _ in parts for k in metrics}:
         have = [(metrics[key], n) for metrics, n in parts if key in metrics]
