@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 STATE_FILE = "trainer_state.json"
 CHECKSUMS_FILE = "checksums.json"  # {"files": {relative path: {"size": bytes, "sha256": hex}}}
+LISTING_DIGEST_KEY = "checksums_sha256"  # in the state file: the SHA-256 of checksums.json's text
+_UNVERIFIABLE_SAID: set[str] = set()  # checkpoints without checksums already warned about
+_STALE_POINTER_SAID: set[str] = set()  # ``latest`` pointers already said to be stale
 _NO_SPACE = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
 
 
@@ -88,17 +91,29 @@ def _digests(root: Path, skip: set[str] = frozenset()) -> dict[str, dict[str, An
 def verify_checkpoint(path: Path) -> str | None:
     """What is wrong with the complete checkpoint ``path`` (naming the bad file), or None when it is
     intact: its state file parses and every file ``checksums.json`` lists has the recorded size
-    and SHA-256. A checkpoint without ``checksums.json`` (written before they existed) counts as
-    intact when its state file parses."""
+    and SHA-256, and ``checksums.json`` itself has the digest the state file recorded. A checkpoint
+    whose state file records no such digest and that has no ``checksums.json`` (written before
+    they existed) counts as intact when its state file parses, with a warning that it cannot be
+    verified."""
     try:
-        json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         return f"{path / STATE_FILE} is unreadable ({exc})"
+    recorded = state.get(LISTING_DIGEST_KEY) if isinstance(state, dict) else None
     listing = path / CHECKSUMS_FILE
     if not listing.exists():
+        if recorded:
+            return f"{listing} is missing (it was written with this checkpoint), so its files cannot be verified"
+        if str(path) not in _UNVERIFIABLE_SAID:
+            _UNVERIFIABLE_SAID.add(str(path))
+            logger.warning("checkpoint {} has no {} (written by an rlcore before checksums); its files "
+                           "cannot be verified and are taken as they are", path, CHECKSUMS_FILE)
         return None
     try:
-        files = json.loads(listing.read_text(encoding="utf-8"))["files"]
+        text = listing.read_text(encoding="utf-8")
+        if recorded and hashlib.sha256(text.encode("utf-8")).hexdigest() != recorded:
+            return f"{listing} is corrupt (its SHA-256 differs from the one {STATE_FILE} recorded)"
+        files = json.loads(text)["files"]
         expected = {str(rel): (int(d["size"]), str(d["sha256"])) for rel, d in files.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return f"{listing} is unreadable ({type(exc).__name__}: {exc})"
@@ -118,6 +133,50 @@ def verify_checkpoint(path: Path) -> str | None:
             return f"{file} is unreadable ({exc})"
         if digest != sha256:
             return f"{file} is corrupt (its SHA-256 differs from the one recorded when it was saved)"
+    return None
+
+
+def _write_errors() -> tuple[type[BaseException], ...]:
+    """What a serialiser raises when its file cannot be written (see Checkpointer._describe_failure)."""
+    errors: list[type[BaseException]] = [OSError, RuntimeError]
+    try:
+        from safetensors import SafetensorError
+
+        errors.append(SafetensorError)
+    except ImportError:  # pragma: no cover - safetensors comes with transformers
+        pass
+    return tuple(errors)
+
+
+def _errno_in_message(text: str) -> int | None:
+    """The errno that Rust's io::Error (safetensors) or a C library message names, if any."""
+    import re
+
+    found = re.search(r"os error (\d+)", text)
+    if found:
+        return int(found.group(1))
+    for code, phrase in ((errno.ENOSPC, "No space left on device"), (errno.EDQUOT, "Disk quota exceeded")):
+        if phrase.lower() in text.lower():
+            return code
+    return None
+
+
+def _probe_space(directory: Path) -> int | None:
+    """Whether ``directory``'s filesystem is full now: the errno of a small probe write that
+    fails with no space (or quota) left, else None."""
+    probe = directory / f".space-probe-{os.getpid()}"
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"\0" * (1 << 16))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        return exc.errno if exc.errno in _NO_SPACE else None
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
     return None
 
 
@@ -171,39 +230,52 @@ class Checkpointer:
         module_states = {n: full_state_dict(m) if dist.sharded else m.state_dict() for n, m in modules.items()}
         own = [f"optimizers-rank{dist.rank}.pt", f"rng-rank{dist.rank}.pt"]
         try:
-            failure, digests = None, {}
+            failure, digests, writing = None, {}, tmp
             try:
                 if dist.is_main:
+                    writing = tmp / "model"
                     actor.save_pretrained(tmp / "model", safe_serialization=True,
                                           **({"state_dict": model_state} if dist.sharded else {}))
                     tokenizer.save_pretrained(tmp / "model")
                     for name, module_state in module_states.items():
-                        torch.save(module_state, tmp / f"{name}.pt")
-                    torch.save({k: s.state_dict() for k, s in schedulers.items()}, tmp / "schedulers.pt")
-                torch.save({k: o.state_dict() for k, o in optimizers.items()}, tmp / own[0])
-                torch.save(rng_state(), tmp / own[1])
+                        writing = tmp / f"{name}.pt"
+                        torch.save(module_state, writing)
+                    writing = tmp / "schedulers.pt"
+                    torch.save({k: s.state_dict() for k, s in schedulers.items()}, writing)
+                writing = tmp / own[0]
+                torch.save({k: o.state_dict() for k, o in optimizers.items()}, writing)
+                writing = tmp / own[1]
+                torch.save(rng_state(), writing)
+                writing = tmp
                 if dist.is_main:  # everything but the other ranks' own files
                     others = {f"{kind}-rank{r}.pt" for r in range(1, dist.world) for kind in ("optimizers", "rng")}
                     digests = _digests(tmp, skip=others)
                 else:
                     digests = {rel: file_digest(tmp / rel) for rel in own}
-            except OSError as exc:
-                failure = self._describe_failure(exc, final)
+                from rlcore.testing.faults import fault_point
+
+                fault_point("checkpoint")  # tests kill a run here: files written, the state file not yet
+            except _write_errors() as exc:
+                failure = self._describe_failure(exc, final, writing)
             results = dist.gather((digests, failure))  # also the barrier: every rank has written
             self._raise_failures([f for _, f in results], dist)
             if dist.is_main:
                 try:
                     files = {rel: d for part, _ in results for rel, d in part.items()}
-                    write_atomic_text(tmp / CHECKSUMS_FILE, json.dumps({"files": files}, indent=1, sort_keys=True))
-                    # The state file is written last: its presence marks a complete checkpoint.
-                    write_atomic_text(tmp / STATE_FILE, json.dumps({**state, "step": step}, indent=2))
+                    listing = json.dumps({"files": files}, indent=1, sort_keys=True)
+                    write_atomic_text(tmp / CHECKSUMS_FILE, listing)
+                    # The state file is written last: its presence marks a complete checkpoint. It
+                    # records the listing's own digest, so that a listing deleted or edited is seen.
+                    listing_sha256 = hashlib.sha256(listing.encode("utf-8")).hexdigest()
+                    write_atomic_text(tmp / STATE_FILE, json.dumps(
+                        {**state, "step": step, LISTING_DIGEST_KEY: listing_sha256}, indent=2))
                     _fsync_dir(tmp)
                     if final.exists():
                         shutil.rmtree(final)
                     os.replace(tmp, final)
                     _fsync_dir(self.root)
                 except OSError as exc:
-                    failure = self._describe_failure(exc, final)
+                    failure = self._describe_failure(exc, final, tmp)
                 else:
                     try:
                         write_atomic_text(self.root / "latest", final.name)
@@ -232,11 +304,19 @@ class Checkpointer:
         raise RlcoreError("; ".join(said))
 
     @staticmethod
-    def _describe_failure(exc: OSError, final: Path) -> str:
-        where = f" ({exc.filename})" if exc.filename else ""
-        if exc.errno in _NO_SPACE:
-            return f"{_NO_SPACE[exc.errno]} while writing checkpoint {final}{where}"
-        return f"could not write checkpoint {final}{where}: {exc.strerror or exc}"
+    def _describe_failure(exc: BaseException, final: Path, writing: Path) -> str:
+        """One sentence for a failed write. Serialisers do not all raise OSError on a full disk
+        (safetensors raises ``SafetensorError ... os error 28``, torch.save ``RuntimeError ...
+        unexpected pos``): their errno is read from the message, or else found by a probe write."""
+        logger.debug("writing checkpoint {} failed: {!r}", final, exc)
+        code = getattr(exc, "errno", None) if isinstance(exc, OSError) else _errno_in_message(str(exc))
+        if code is None:
+            code = _probe_space(writing if writing.is_dir() else writing.parent)
+        where = f" ({getattr(exc, 'filename', None) or writing})"
+        if code in _NO_SPACE:
+            return f"{_NO_SPACE[code]} while writing checkpoint {final}{where}"
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+        return f"could not write checkpoint {final}{where}: {reason}"
 
     def _prune(self, current: Path) -> None:
         """Keep ``current`` (just written and verified by construction) and the ``keep - 1``
@@ -254,26 +334,31 @@ class Checkpointer:
             return []
         return sorted(p for p in self.root.glob("step_*") if (p / STATE_FILE).exists())
 
-    def _candidates(self) -> list[Path]:
-        """Complete checkpoints, newest first, the one ``latest`` points to leading."""
-        done = self.complete()[::-1]
+    def _pointer(self) -> Path | None:
+        """The checkpoint the ``latest`` pointer names, or None."""
         pointer = self.root / "latest"
         try:
-            named = self.root / pointer.read_text(encoding="utf-8").strip() if pointer.exists() else None
+            return self.root / pointer.read_text(encoding="utf-8").strip() if pointer.exists() else None
         except OSError:
-            named = None
-        if named is not None and named in done:
-            done.remove(named)
-            done.insert(0, named)
-        return done
+            return None
 
     def _newest_intact(self, warn: bool) -> tuple[Path | None, list[str]]:
-        """The newest intact checkpoint (or None) and what was wrong with each newer one."""
-        candidates = self._candidates()
+        """The newest intact checkpoint (or None) and what was wrong with each newer one.
+
+        The ``latest`` pointer is only a hint, not the choice: a full disk (or a kill) between a
+        checkpoint's rename and the pointer's update leaves it naming an older checkpoint, and
+        resuming from that one would silently repeat steps. A pointer that lags is said."""
+        candidates = self.complete()[::-1]
         problems = []
         for i, candidate in enumerate(candidates):
             problem = verify_checkpoint(candidate)
             if problem is None:
+                named = self._pointer()
+                if warn and named is not None and named.name < candidate.name and str(named) not in _STALE_POINTER_SAID:
+                    _STALE_POINTER_SAID.add(str(named))
+                    logger.warning("{} names {}, but {} is newer and intact (the pointer was not updated: a full "
+                                   "disk or a kill while saving); using {}", self.root / "latest", named.name,
+                                   candidate.name, candidate)
                 return candidate, problems
             problems.append(f"{candidate.name}: {problem}")
             if warn:
@@ -283,7 +368,7 @@ class Checkpointer:
         return None, problems
 
     def latest_intact(self, quiet: bool = False) -> Path | None:
-        """The newest intact checkpoint (the one ``latest`` points to first), or None. Each damaged
+        """The newest intact checkpoint, or None. Each damaged
         one passed over is named in a warning (unless ``quiet``) with its bad file."""
         return self._newest_intact(warn=not quiet)[0]
 

@@ -400,4 +400,5 @@ def _configure_logging(debug: bool) -> None:
 
     logger.remove()
     level = "DEBUG" if debug else os.environ.get("RLCORE_LOG_LEVEL", "INFO")
-    logger.add(sys.stderr, level=level, format="<dim>{time:HH:mm:ss}</dim> <level>{level: <7}</level> {message}")
+    logger.add(sys.stderr, level=level, format="<dim>{time:HH:mm:ss}</dim> <level>{level: <7}</level> {message}",
+               filter=lambda record: not record["extra"].get("file_only"))  # meant for run.log alone

@@ -34,6 +34,7 @@ import os
 import pickle
 import queue
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -52,6 +53,8 @@ __all__ = ["RewardBatch", "RewardRunner", "check_required_fields"]
 
 # Statuses of one scored item, and the batch metric that counts each failure.
 FAILURE_METRICS = {"error": "reward/errors", "invalid": "reward/invalid", "timeout": "reward/timeouts"}
+# Batch metrics that count (they add up over chunks of one batch), beside FAILURE_METRICS.
+COUNT_METRICS = ("reward/worker_deaths", "reward/output_bytes", "reward/output_dropped_bytes")
 _DESCRIBE = {
     "error": "raised an exception",
     "invalid": "returned something that is not a finite number or RewardResult",
@@ -138,10 +141,92 @@ def _invoke(fn: Callable[[RewardInput], Any], item: RewardInput) -> tuple:
 # ----------------------------------------------------------------------------- worker pools
 
 
+OUTPUT_TAIL = 4096  # bytes of each call's printed output that come back (the rest is counted)
+_BATCH_OUTPUT_LOG = 16384  # bytes of reward output written into run.log per batch, at most
+
+
+class _OutputCapture:
+    """A worker's stdout and stderr (file descriptors 1 and 2, so C code and subprocesses are
+    caught too) go to a pipe that a thread drains, keeping the last :data:`OUTPUT_TAIL` bytes
+    of each call and counting the rest: a reward that prints 100 MB a call costs no memory and
+    no console. After a call, a marker written through the pipe says when its output is in."""
+
+    def __init__(self) -> None:
+        self.marker = b"\0rlcore-output-" + os.urandom(8).hex().encode() + b"\0"
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed or odd stream
+                pass
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, 1)
+        os.dup2(write_end, 2)
+        os.close(write_end)
+        # Python's streams may have been pointed elsewhere than fds 1 and 2 (a test's capture,
+        # rich): give the worker its own, on the pipe.
+        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+        self.read_end = read_end
+        self.cond = threading.Condition()
+        self.tail, self.total, self.markers = bytearray(), 0, 0
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _keep(self, data: bytes) -> None:
+        if data:
+            self.total += len(data)
+            self.tail += data
+            del self.tail[:-OUTPUT_TAIL]
+
+    def _drain(self) -> None:
+        held = b""
+        while True:
+            try:
+                chunk = os.read(self.read_end, 1 << 16)
+            except OSError:
+                return
+            if not chunk:
+                return
+            data = held + chunk
+            with self.cond:
+                while (at := data.find(self.marker)) >= 0:
+                    self._keep(data[:at])
+                    data = data[at + len(self.marker):]
+                    self.markers += 1
+                    self.cond.notify_all()
+                # Hold back an end that may be the start of a marker split across reads.
+                cut = next((k for k in range(min(len(data), len(self.marker) - 1), 0, -1)
+                            if self.marker.startswith(data[-k:])), 0)
+                self._keep(data[: len(data) - cut])
+                held = data[len(data) - cut:]
+
+    def collect(self) -> tuple[str, int]:
+        """The kept tail of the output since the last call, and how many bytes it had in all."""
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        with self.cond:
+            seen = self.markers
+        try:
+            os.write(1, self.marker)
+        except OSError:  # the reward closed its stdout: what came through is all there is
+            pass
+        else:
+            with self.cond:
+                self.cond.wait_for(lambda: self.markers > seen, timeout=5.0)
+        with self.cond:
+            text, total = bytes(self.tail).decode("utf-8", errors="replace"), self.total
+            self.tail, self.total = bytearray(), 0
+        return text, total
+
+
 def _process_worker(fn: Callable, conn: Connection) -> None:
     """Loop in a worker process: say ready, then receive ``(ticket, item)`` and send back
-    ``(ticket, outcome)``. ``fn`` arrives already unpickled (or inherited, when forked)."""
+    ``(ticket, outcome, (output tail, output bytes))``. ``fn`` arrives already unpickled (or
+    inherited, when forked)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    capture = _OutputCapture()
     parent_pid = os.getppid()  # the trainer (fork) or the fork server, which ends with the trainer
 
     def orphan_watch() -> None:  # exit if the parent died, even while fn loops forever
@@ -161,10 +246,11 @@ def _process_worker(fn: Callable, conn: Connection) -> None:
             break
         ticket, item = message
         outcome = _invoke(fn, item)
+        output = capture.collect()
         try:
-            conn.send((ticket, outcome))
+            conn.send((ticket, outcome, output))
         except Exception as exc:  # noqa: BLE001 - an unpicklable metric value, say
-            conn.send((ticket, ("invalid", f"result could not be sent back: {type(exc).__name__}: {exc}")))
+            conn.send((ticket, ("invalid", f"result could not be sent back: {type(exc).__name__}: {exc}"), output))
     os._exit(0)
 
 
@@ -182,6 +268,14 @@ class _ProcessPool:
         self.conns: list[Connection | None] = [None] * size
         self.state: list[str | None] = [None] * size
         self.start_deadline: list[float] = [0.0] * size
+        self.output: list[tuple[str, int] | None] = [None] * size  # of the last answer read, per slot
+
+    def exit_code_if_dead(self, slot: int) -> int | None:
+        """The exit code of a ready worker that has died since (killed from outside, say), else None."""
+        proc = self.procs[slot]
+        if proc is None or self.state[slot] != "ready" or proc.is_alive():
+            return None
+        return proc.exitcode
 
     def start(self, slot: int) -> None:
         parent_end, child_end = self.ctx.Pipe(duplex=True)
@@ -202,7 +296,8 @@ class _ProcessPool:
         for conn in wait_connections(list(by_conn), timeout=max(0.0, timeout)):
             slot = by_conn[conn]  # type: ignore[index]
             try:
-                ticket, outcome = conn.recv()  # type: ignore[union-attr]
+                ticket, outcome, *output = conn.recv()  # type: ignore[union-attr]
+                self.output[slot] = output[0] if output else None
             except (EOFError, OSError):
                 proc = self.procs[slot]
                 proc.join(1.0)
@@ -212,7 +307,7 @@ class _ProcessPool:
                     self.state[slot] = "broken"
                     out.append((slot, 0, ("start_failed", f"exit code {proc.exitcode}")))
                 else:
-                    out.append((slot, -1, ("error", f"the reward worker process died (exit code {proc.exitcode})")))
+                    out.append((slot, -1, ("error", f"the reward worker process died ({describe_exit(proc.exitcode)})")))
                 continue
             if outcome[0] == "ready":
                 self.state[slot] = "ready"
@@ -252,13 +347,19 @@ class _ThreadPool:
     """Worker threads sharing one result queue. A thread past its deadline cannot be killed: it is
     abandoned (its late result ignored) and a fresh thread takes its slot."""
 
+    output: list[None]  # threads share the trainer's stdout: nothing is captured
+
     def __init__(self, fn: Callable, size: int) -> None:
         self.fn, self.size = fn, size
         self.results: queue.Queue = queue.Queue()
         self.inboxes: list[queue.Queue | None] = [None] * size
         self.state: list[str | None] = [None] * size
         self.start_deadline: list[float] = [0.0] * size
+        self.output = [None] * size
         self.abandoned = 0
+
+    def exit_code_if_dead(self, slot: int) -> None:
+        return None  # a thread cannot be killed from outside
 
     def start(self, slot: int) -> None:
         inbox: queue.Queue = queue.Queue()
@@ -300,6 +401,16 @@ class _ThreadPool:
                 inbox.put(None)
         self.inboxes = [None] * self.size
         self.state = [None] * self.size
+
+
+def describe_exit(code: int | None) -> str:
+    """``exit code 3``, or ``killed by SIGKILL`` for a negative multiprocessing exit code."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 def _in_debugger(pool: "_ProcessPool | _ThreadPool", slot: int) -> bool:
@@ -489,6 +600,13 @@ class RewardRunner:
         item_metrics: list[dict[str, float]] = [{} for _ in range(n)]
         pool = self._get_pool()
         slots = range(min(self.workers, n))
+        deaths = 0
+        for slot in range(self.workers):  # workers killed between batches (the OOM killer, a user)
+            code = pool.exit_code_if_dead(slot)
+            if code is not None:
+                deaths += 1
+                self._log_death(slot, code, "between batches")
+                pool.stop(slot)
         for slot in slots:
             if pool.state[slot] is None:
                 pool.start(slot)  # all start together; each says when it is ready
@@ -496,20 +614,33 @@ class RewardRunner:
         pending = deque(range(n))
         busy: dict[int, tuple[int, int, float]] = {}  # slot -> (item index, ticket, deadline)
         start_failure = ""
+        outputs: dict[int, tuple[str, int]] = {}  # item index -> (kept tail, bytes printed)
 
-        def finish(index: int, outcome: tuple) -> None:
+        def finish(index: int, outcome: tuple, output: tuple[str, int] | None = None) -> None:
+            if output is not None and output[1]:
+                outputs[index] = output
             status = outcome[0]
             if status == "ok":
                 scores[index], item_metrics[index] = outcome[1], outcome[2]
                 return
             statuses[index] = status
-            self._log_first(status, index, items[index], outcome[1])
+            detail = outcome[1]
+            if output is not None and output[0].strip():
+                detail += f"; its output ended with: {output[0].strip()[-1000:]!r}"
+            self._log_first(status, index, items[index], detail)
 
         while pending or busy:
             while pending and idle:
                 slot, index = idle.pop(), pending.popleft()
                 self._ticket += 1
-                pool.submit(slot, self._ticket, items[index])
+                try:
+                    pool.submit(slot, self._ticket, items[index])
+                except OSError:  # the idle worker died (its pipe is closed): replace it, retry the item
+                    deaths += 1
+                    self._log_death(slot, pool.procs[slot].exitcode if pool.procs[slot] else None, "while idle")
+                    pending.appendleft(index)
+                    pool.replace(slot)
+                    continue
                 busy[slot] = (index, self._ticket, time.monotonic() + self.timeout_s)
             starting = [slot for slot in slots if pool.state[slot] == "starting"]
             if pending and not busy and not starting and not idle:
@@ -526,8 +657,10 @@ class RewardRunner:
                     self._log_start_failure(outcome[1])
                 elif slot in busy and (ticket == -1 or busy[slot][1] == ticket):
                     index = busy.pop(slot)[0]
-                    finish(index, outcome)
+                    finish(index, outcome, pool.output[slot] if ticket != -1 else None)
                     if ticket == -1:
+                        deaths += 1
+                        self._log_death(slot, None, f"while scoring item {index}: {outcome[1]}")
                         pool.replace(slot)  # the worker died; a new one says when it is ready
                     else:
                         idle.append(slot)
@@ -550,7 +683,40 @@ class RewardRunner:
                     self._log_start_failure(start_failure)
 
         self._fall_back_if_broken()
-        return _batch(scores, statuses, item_metrics, start)
+        batch = _batch(scores, statuses, item_metrics, start)
+        batch.metrics["reward/worker_deaths"] = float(deaths)
+        if self.isolation != "thread":
+            self._record_output(outputs, batch.metrics)
+        return batch
+
+    def _record_output(self, outputs: dict[int, tuple[str, int]], metrics: dict[str, float]) -> None:
+        """Count what the reward printed (``reward/output_bytes``; ``reward/output_dropped_bytes``:
+        what did not come back from the workers) and write a bounded part of it into the log at
+        debug level (``run.log``, not the console)."""
+        printed = sum(total for _, total in outputs.values())
+        kept = sum(len(tail.encode("utf-8", errors="replace")) for tail, _ in outputs.values())
+        metrics["reward/output_bytes"] = float(printed)
+        metrics["reward/output_dropped_bytes"] = float(max(0, printed - kept))
+        if not outputs:
+            return
+        if "output" not in self._logged:
+            self._logged.add("output")
+            logger.info("the reward function prints: its output is captured (the last {} bytes of each call go to "
+                        "run.log at debug level; all of it is counted in reward/output_bytes)", OUTPUT_TAIL)
+        room = _BATCH_OUTPUT_LOG
+        for index in sorted(outputs):
+            tail, total = outputs[index]
+            if room <= 0:
+                break
+            shown = tail[-room:]
+            room -= len(shown)
+            logger.debug("reward output of item {} ({} bytes{}):\n{}", index, total,
+                         f", the last {len(shown)} shown" if len(shown) < total else "", shown)
+
+    def _log_death(self, slot: int, code: int | None, when: str) -> None:
+        how = f" ({describe_exit(code)})" if code is not None else ""
+        logger.warning("reward worker {} died{} {}; it is replaced, and counted in reward/worker_deaths",
+                       slot, how, when)
 
     def _log_start_failure(self, detail: str) -> None:
         if "start" not in self._logged:

@@ -203,11 +203,19 @@ def has_checkpoints(run_dir: str | Path) -> bool:
 
 def run_dir_problems(run_dir: str | Path, resume: bool) -> list[str]:
     """Why a run on ``run_dir`` would be refused now ([] when it would start): another live run
-    holds the directory, or it holds checkpoints and ``resume`` is off."""
+    holds the directory, it holds checkpoints and ``resume`` is off, or ``resume`` is on and
+    every checkpoint there is damaged."""
     problems = []
     holder = lock_holder(run_dir)
     if holder is not None:
         problems.append(in_use_message(run_dir, holder))
     if not resume and has_checkpoints(run_dir):
         problems.append(holds_checkpoints_message(run_dir))
+    if resume:
+        from rlcore.checkpoint import Checkpointer  # torch-free to import
+
+        try:
+            Checkpointer(run_dir).latest()  # None (a fresh start) or an intact checkpoint
+        except RlcoreError as exc:  # complete checkpoints, none intact: the run would stop at once
+            problems.append(str(exc))
     return problems

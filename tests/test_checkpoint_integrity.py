@@ -128,14 +128,6 @@ def test_no_intact_checkpoint_left_is_a_located_error(tmp_path):
     assert Checkpointer(tmp_path / "empty").latest() is None
 
 
-def test_a_checkpoint_without_checksums_still_loads(tmp_path):
-    """Written before checksums existed: taken as it is."""
-    checkpointer = Checkpointer(tmp_path, keep=3)
-    path = _save(checkpointer, 1)
-    (path / CHECKSUMS_FILE).unlink()
-    assert checkpointer.latest() == path
-
-
 def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     checkpointer = Checkpointer(tmp_path, keep=1)
     first = _save(checkpointer, 1)

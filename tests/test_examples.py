@@ -1,4 +1,5 @@
-"""Every example manifest validates (GSM8K data stubbed: validation checks the files exist)."""
+"""Every example manifest validates (GSM8K data stubbed with one row in its format: validation reads a
+sample of the rows)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,12 @@ def test_example_validates(tmp_path, capsys, name):
     shutil.copy(ROOT / "examples" / name, tmp_path / "examples" / name)
     data = tmp_path / "data" / "gsm8k"
     data.mkdir(parents=True)
+    from rlcore.data.io import write_parquet
+
+    row = {"prompt": [{"role": "user", "content": "1 + 1?"}], "data_source": "openai/gsm8k",
+           "reward_model": {"ground_truth": "2", "style": "rule"}, "extra_info": {"index": 0}}
     for split in ("train", "test"):
-        (data / f"{split}.parquet").write_bytes(b"")
+        write_parquet([row], data / f"{split}.parquet")
     assert main(["validate", str(tmp_path / "examples" / name)]) == 0, capsys.readouterr().out
 
 

@@ -175,6 +175,29 @@ def test_malformed_bodies_are_400s(client):
     _assert_error(client.get("/v1/nothing"), 404, "Not Found")
 
 
+@pytest.mark.parametrize("path, body, param", [
+    (CHAT, '{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "messages.0.content"),
+    (CHAT, '{"messages": [{"role": "\\udfff", "content": "hi"}]}', "messages.0.role"),
+    (CHAT, '{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", '
+           '"function": {"name": "f\\ud83d", "parameters": {}}}]}', "tools.0.function.name"),
+    (COMPLETIONS, '{"prompt": ["ok", "\\ud800"], "max_tokens": 2}', "prompt.1"),
+    (COMPLETIONS, '{"prompt": "\\udc00", "max_tokens": 2}', "prompt"),
+])
+def test_lone_surrogates_are_400s_naming_the_field(client, path, body, param):
+    """JSON may spell half of a UTF-16 pair; no tokenizer can take it (it was a 500)."""
+    bad = client.post(path, content=body.encode(), headers={"content-type": "application/json"})
+    _assert_error(bad, 400, "lone UTF-16 surrogate", param=param)
+    paired = body.replace("\\ud800", "\\ud83d\\ude00")  # a whole pair is fine
+    if paired != body:
+        assert client.post(path, content=paired.encode(), headers={"content-type": "application/json"}).status_code == 200
+
+
+def test_a_json_decode_error_names_the_position_not_a_parameter(client):
+    bad = client.post(COMPLETIONS, content=b'{"prompt": [5, 6], "max_tokens": 2,, }', headers={"content-type": "application/json"})
+    error = _assert_error(bad, 400, "not valid JSON", "at character 35")
+    assert error["param"] is None, error
+
+
 def test_unknown_model_is_a_404(client):
     for path, body in [(CHAT, {"messages": MESSAGES}), (COMPLETIONS, {"prompt": [5]})]:
         error = _assert_error(client.post(path, json={**body, "model": "gpt-4o"}), 404, "gpt-4o", "tiny", param="model")

@@ -18,6 +18,7 @@ from loguru import logger
 
 from rlcore.data import synthetic
 from rlcore.data.io import EXTENSIONS, read_rows
+from rlcore.data.rows import row_problem
 from rlcore.errors import RlcoreError
 from rlcore.interfaces import Prompt
 
@@ -61,6 +62,8 @@ def check_data_spec(spec: str, base_dir: str | Path | None = None) -> str | None
             return str(exc)
         return None
     path = resolve(spec, base_dir)
+    if path.is_dir():
+        return f"data file {str(path)!r} is a directory; expected a parquet or jsonl file in it, or synthetic:<task>"
     if path.suffix.lower() not in EXTENSIONS:
         return (
             f"data file {str(path)!r} has the unknown extension {path.suffix or '(none)'!r}; expected one of "
@@ -116,6 +119,9 @@ def load_prompts(
         if limit is not None and len(prompts) >= limit:
             break
         row = rows[index]
+        problem = row_problem(row, prompt_key)
+        if problem:
+            raise RlcoreError(f"data {source!r}: row {index}: {problem}")
         messages = _messages(row.get(prompt_key), prompt_key, index, source)
         token_ids = encoder(messages)
         n = len(token_ids)

@@ -46,9 +46,14 @@ def check_resolved(manifest: ResolvedManifest) -> list[str]:
             continue
         try:
             from rlcore.data import check_data_spec
+            from rlcore.data.prompts import resolve
+            from rlcore.data.rows import VALIDATE_SAMPLE, check_sample
+            from rlcore.data.synthetic import PREFIX
         except ImportError:
             break
         message = check_data_spec(spec)
+        if not message and not spec.startswith(PREFIX):  # the rows themselves, a sample of them
+            message = check_sample(resolve(spec), core.data.prompt_key, VALIDATE_SAMPLE)
         if message:
             problem(key, message)
     if problems:

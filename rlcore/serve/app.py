@@ -110,6 +110,38 @@ def _error(message: str, status: int, kind: str, param: str | None = None, code:
     return JSONResponse(status_code=status, content=body)
 
 
+def _lone_surrogate(value: Any, path: str) -> str | None:
+    """The dotted path of the first string under ``value`` holding a lone UTF-16 surrogate, or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _lone_surrogate(item, f"{path}.{key}" if path else str(key))
+        if found is None and isinstance(key, str):  # a key is text too
+            found = _lone_surrogate(key, f"{path}.{key}" if path else key)
+        if found is not None:
+            return found
+    return None
+
+
+def _refuse_lone_surrogates(body: dict[str, Any]) -> None:
+    """JSON may spell a lone surrogate (``"\\ud800"``); Python keeps it in a str that no tokenizer
+    (and no UTF-8 encoder) accepts. Refused as the client's error, naming the field."""
+    where = _lone_surrogate(body, "")
+    if where is not None:
+        raise ApiError(f"{where} holds a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape without its pair), "
+                       "which is not valid Unicode text", param=where)
+
+
 class _AnswerEveryError:
     """ASGI middleware: an exception that escapes the app becomes a 500 in OpenAI's shape, and is
     not re-raised. (Starlette's own error middleware re-raises it after its plain-text 500, and
@@ -174,6 +206,7 @@ def create_app(
     top_supported = reports_top_logprobs(engine)
 
     def check_model(req: _Request) -> None:
+        _refuse_lone_surrogates(req.model_dump())
         if req.model is not None and req.model != model_name:
             raise ApiError(
                 f"the model {req.model!r} does not exist; this server serves {model_name!r}",
@@ -263,6 +296,13 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
+        undecodable = next((e for e in errors if e.get("type") == "json_invalid"), None)
+        if undecodable is not None:  # its loc is ("body", character offset): not a parameter
+            offset = undecodable["loc"][-1] if len(undecodable["loc"]) > 1 else None
+            reason = (undecodable.get("ctx") or {}).get("error")
+            return _error(
+                "the request body is not valid JSON" + (f" (at character {offset})" if offset is not None else "")
+                + (f": {reason}" if reason else ""), 400, "invalid_request_error", param=None)
         fields = [".".join(str(p) for p in e["loc"][1:]) for e in errors]
         problems = "; ".join(f"{where or 'body'}: {e['msg']}" for where, e in zip(fields, errors))
         return _error(problems, 400, "invalid_request_error", param=fields[0] if fields and fields[0] else None)

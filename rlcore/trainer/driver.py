@@ -47,6 +47,21 @@ def resume_hint(run_dir: Path) -> str:
     return f"no checkpoint was written in {run_dir} yet: rerun to start again"
 
 
+def where_this_rank_runs(rank: int) -> str:
+    """The first line of each rank's log: which rank, on which host (and SLURM node), as which
+    process, so that logs gathered from many machines can be told apart."""
+    import os
+    import socket
+
+    parts = [f"rank {rank} of {os.environ.get('WORLD_SIZE', '1')}", f"host {socket.gethostname()}", f"pid {os.getpid()}"]
+    if os.environ.get("SLURMD_NODENAME") or os.environ.get("SLURM_NODEID"):
+        parts.append(f"SLURM node {os.environ.get('SLURMD_NODENAME', '?')} "
+                     f"(node id {os.environ.get('SLURM_NODEID', '?')}, job {os.environ.get('SLURM_JOB_ID', '?')})")
+    if os.environ.get("LOCAL_RANK"):
+        parts.append(f"local rank {os.environ['LOCAL_RANK']}")
+    return "this process: " + ", ".join(parts)
+
+
 def run_driver(manifest: ResolvedManifest, run_dir: str | Path, resume: bool = False) -> int:
     """Train in this process. Under torchrun-style variables (WORLD_SIZE > 1) this is one rank:
     rank 0 prepares the run directory and writes logs, metrics and checkpoints."""
@@ -60,6 +75,7 @@ def run_driver(manifest: ResolvedManifest, run_dir: str | Path, resume: bool = F
     log_file = run_dir / ("run.log" if rank == 0 else f"run.rank{rank}.log")
     run_dir.mkdir(parents=True, exist_ok=True)
     sink_id = logger.add(log_file, level="DEBUG", enqueue=False)
+    logger.bind(file_only=True).info("{}", where_this_rank_runs(rank))
     try:
         from rlcore.trainer.rl import RLTrainer
 
@@ -68,7 +84,9 @@ def run_driver(manifest: ResolvedManifest, run_dir: str | Path, resume: bool = F
         trainer.fit()
         logger.info("run finished: {} steps; outputs in {}", trainer.step, run_dir)
         return 0
-    except RlcoreError:
+    except RlcoreError as exc:
+        # The console shows it once (rlcore.cli prints it); the log must keep it too.
+        logger.bind(file_only=True).error("the run failed: {}", exc)
         raise
     except Stopped as stop:
         if stop.checkpoint is not None:
@@ -84,7 +102,7 @@ def run_driver(manifest: ResolvedManifest, run_dir: str | Path, resume: bool = F
     except Exception:
         logger.error("the run failed:\n{}", traceback.format_exc())
         hint = resume_hint(run_dir)
-        print(f"the run failed; see {run_dir / 'run.log'}. {hint[0].upper()}{hint[1:]}.", file=sys.stderr)
+        print(f"the run failed; see {log_file}. {hint[0].upper()}{hint[1:]}.", file=sys.stderr)
         return 1
     finally:
         logger.remove(sink_id)

@@ -166,7 +166,7 @@ def _chunk_bounds(prompts: int, chunks: int) -> list[tuple[int, int]]:
 def merge_chunk_metrics(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
     """The reward metrics of chunks scored apart, of ``(metrics, size)``, as one batch's: counts and
     seconds (the chunks were scored one after another) add up, means are weighted by size."""
-    from rlcore.reward_pool import FAILURE_METRICS
+    from rlcore.reward_pool import COUNT_METRICS, FAILURE_METRICS
 
     return merge_metrics([m for m, _ in parts], [n for _, n in parts],
-                         summed=set(FAILURE_METRICS.values()) | {"reward/time_s"})
+                         summed=set(FAILURE_METRICS.values()) | set(COUNT_METRICS) | {"reward/time_s"})

@@ -19,6 +19,20 @@ TARGETS = ("rlcore_rollout_vllm", "rlcore_rollout_sglang", "rlcore_reward_rule",
            "rlcore_launcher_ray")
 
 
+def _one_row_parquet(path: Path) -> None:
+    """A data file rlcore validate accepts (it reads a sample of the rows); empty where pyarrow is
+    missing (a bare core, which does not read parquet rows at validate)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        path.touch()
+        return
+    row = {"prompt": [{"role": "user", "content": "1 + 1?"}], "data_source": "openai/gsm8k",
+           "reward_model": {"ground_truth": "2", "style": "rule"}}
+    pq.write_table(pa.Table.from_pylist([row]), path)
+
+
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     """$HOME with the data files and model directories the scripts name; the working directory."""
@@ -26,7 +40,7 @@ def home(tmp_path, monkeypatch):
     for f in ("data/gsm8k/train.parquet", "data/gsm8k/test.parquet", "data/mix/train.parquet", "data/mix/test.parquet",
               "verl/data/dapo-math-17k.parquet", "verl/data/aime-2024.parquet"):
         (home / f).parent.mkdir(parents=True, exist_ok=True)
-        (home / f).touch()
+        _one_row_parquet(home / f)
     for d in ("verl/models/Qwen2.5-32B", "models/Qwen2.5-3B-Instruct"):
         (home / d).mkdir(parents=True)
     monkeypatch.setenv("HOME", str(home))

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 import string
+from collections.abc import Sequence
 from typing import Any
 
-from rlcore.interfaces import RewardInput, RewardResult
-
+from rlcore.interfaces import Prompt, RewardInput, RewardResult
 from rlcore_reward_rule.options import ExactMatchOptions
+from rlcore_reward_rule.truths import refuse_uncomparable
 
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 
@@ -39,6 +40,10 @@ class ExactMatchReward:
         response = self.normalise(item.response)
         correct = any(response == self.normalise(t) for t in truths if t is not None)
         return RewardResult(self.options.correct_score if correct else 0.0, {"correct": float(correct)})
+
+    def check_data(self, prompts: Sequence[Prompt], source_name: str) -> None:
+        """Refuse ground truths this reward can never compare (see :mod:`rlcore_reward_rule.truths`)."""
+        refuse_uncomparable(prompts, source_name, 'exact_match', lists=True)
 
 
 def build(options: ExactMatchOptions, context: object = None) -> ExactMatchReward:

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from loguru import logger
 
 from rlcore.interfaces import Prompt, RewardInput, RewardResult
-
 from rlcore_reward_rule.numbers import numbers_in, same_number
 from rlcore_reward_rule.options import GSM8KOptions, graded_score
+from rlcore_reward_rule.truths import refuse_uncomparable
 
 _STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 _FLEXIBLE = re.compile(r"(\-?[0-9\.\,]+)")
@@ -68,7 +68,9 @@ class GSM8KReward:
 
     def check_data(self, prompts: Sequence[Prompt], source_name: str) -> None:
         """Warn when verl's text comparison can never match a row's ground truth (not text, or with
-        spaces around it): verl scores such rows as wrong, and so does rlcore, but says so."""
+        spaces around it): verl scores such rows as wrong, and so does rlcore, but says so. A list
+        or a dict can never be one number, whatever the method: refused."""
+        refuse_uncomparable(prompts, source_name, "gsm8k")
         if self.options.method not in VERL_METHODS:
             return
         odd = [p for p in prompts if not isinstance(p.ground_truth, str) or p.ground_truth != p.ground_truth.strip()]

@@ -9,14 +9,15 @@ bounds every call.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
 from rlcore.errors import RlcoreError
-from rlcore.interfaces import RewardInput, RewardResult
-
+from rlcore.interfaces import Prompt, RewardInput, RewardResult
 from rlcore_reward_rule.mathnorm import equivalent, last_boxed
 from rlcore_reward_rule.options import MathOptions, graded_score
+from rlcore_reward_rule.truths import refuse_uncomparable
 
 
 def _math_verify() -> Any:
@@ -71,6 +72,10 @@ class MathReward:
         correct = answer is not None and any(self.is_correct(answer, t) for t in truths if t is not None)
         score = graded_score(self.options, correct, answer is not None)
         return RewardResult(score, {"boxed": float(answer is not None), "correct": float(correct)})
+
+    def check_data(self, prompts: Sequence[Prompt], source_name: str) -> None:
+        """Refuse ground truths this reward can never compare (see :mod:`rlcore_reward_rule.truths`)."""
+        refuse_uncomparable(prompts, source_name, 'math', lists=True)
 
 
 def build(options: MathOptions, context: object = None) -> MathReward:

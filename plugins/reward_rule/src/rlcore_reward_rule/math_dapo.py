@@ -15,10 +15,11 @@ the response's last 100 characters must equal the ground truth exactly, without 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
-from rlcore.interfaces import RewardInput, RewardResult
-
+from rlcore.interfaces import Prompt, RewardInput, RewardResult
 from rlcore_reward_rule.options import MathDapoOptions
+from rlcore_reward_rule.truths import refuse_uncomparable
 
 _WINDOW = 300  # verl scores the last 300 characters ("the longest answer in MATH-500 has 159")
 _BOX_WINDOW = 100  # strict_box_verify looks at the last 100 of those
@@ -110,6 +111,10 @@ class MathDapoReward:
         correct, found = self.judge(item.response or "", item.ground_truth)
         score = self.options.correct_score if correct else self.options.incorrect_score
         return RewardResult(score, {"acc": float(correct), "answer_found": float(found)})
+
+    def check_data(self, prompts: Sequence[Prompt], source_name: str) -> None:
+        """Refuse ground truths this reward can never compare (see :mod:`rlcore_reward_rule.truths`)."""
+        refuse_uncomparable(prompts, source_name, 'math_dapo', lists=False)
 
 
 def build(options: MathDapoOptions, context: object = None) -> MathDapoReward:
