@@ -94,7 +94,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             results: dict[str, dict[str, float]] = {}
             for name, spec in sets.items():
                 limit = args.max_prompts or d.val_max_prompts
-                trainer.val_set = load_prompts(spec, tokenizer=trainer.tokenizer, max_prompt_tokens=d.max_prompt_tokens,
+                trainer.val_set = load_prompts(spec, role="val", tokenizer=trainer.tokenizer, max_prompt_tokens=d.max_prompt_tokens,
                                                prompt_key=d.prompt_key, base_dir=manifest.base_dir, limit=limit,
                                                chat_template_kwargs=d.chat_template_kwargs)
                 metrics = trainer.evaluate()

@@ -137,6 +137,24 @@ def rlcore_metrics_sinks() -> list:
 
 
 @hookspec
+def rlcore_data_sources() -> list:
+    """Data sources: where ``[data] train`` and ``val`` rows come from when they are not files.
+
+    Selected by a prefix: ``train = "NAME:ARGS?key=value&..."`` picks the source ``NAME``; the
+    text after the colon (up to ``?``) is the option the record names as ``target_option`` and the
+    query keys are its other options. The table form, ``[data.train] source = "NAME"`` with the
+    options as keys, says the same. Options are validated by the record's ``options`` model at
+    ``rlcore validate`` (which imports no torch: keep the model's validators light).
+    The factory returns a :class:`rlcore.interfaces.DataSource`: ``rows(role)`` gives verl-format
+    rows for ``role`` "train" or "val" (a source with splits makes the role its default split, so
+    the two never share an item).
+
+    Example: ``Component(name="reasoning_gym", factory="rlcore_reasoning_gym.source:build",
+    options=ReasoningGymSourceOptions, target_option="task")``.
+    """
+
+
+@hookspec
 def rlcore_commands() -> list:
     """Extra ``rlcore`` sub-commands: a list of :class:`rlcore.components.Command` records.
 

@@ -262,6 +262,15 @@ class MetricsSink(Protocol):
 # ----------------------------------------------------------------------------- build context
 
 
+class DataSource(Protocol):
+    """Rows of prompts in verl's format (``prompt``, ``data_source``, ``reward_model``,
+    ``extra_info``), from a source named by a prefix in ``[data] train`` / ``val``."""
+
+    def rows(self, role: str) -> list[dict[str, Any]]:
+        """The rows for ``role``: "train" or "val". A source with splits takes the role as its
+        default split, so that a validation set never repeats a training item."""
+
+
 @dataclass
 class BuildContext:
     """What a factory receives beside its options. Fields a run has not set are None (or empty).

@@ -45,6 +45,8 @@ FIRST_PARTY: dict[tuple[str, str], str] = {
     ("launcher", "slurm"): "rlcore-launcher-slurm",
     ("launcher", "ray"): "rlcore-launcher-ray",
     ("launcher", "skypilot"): "rlcore-launcher-skypilot",
+    ("data_source", "reasoning_gym"): "rlcore-reasoning-gym",
+    ("reward_function", "reasoning_gym"): "rlcore-reasoning-gym",
 }
 
 

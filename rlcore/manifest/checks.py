@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rlcore.errors import ManifestError, Problem
 from rlcore.manifest.loader import ResolvedManifest
 from rlcore.manifest.locate import key_lines, line_of
@@ -46,8 +48,11 @@ def check_resolved(manifest: ResolvedManifest) -> list[str]:
             continue
         try:
             from rlcore.data import check_data_spec
+            from rlcore.data.sources import source_spec
         except ImportError:
             break
+        if source_spec(spec) is not None and not (isinstance(spec, str) and Path(spec).exists()):
+            continue  # a data source: validated with the manifest, by the source's own options
         message = check_data_spec(spec)
         if message:
             problem(key, message)
