@@ -34,6 +34,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "tool": ("rlcore_tools", "a function an agent may call during a rollout"),
     "launcher": ("rlcore_launchers", "decides where the driver process runs"),
     "metrics_sink": ("rlcore_metrics_sinks", "receives the metrics of every step"),
+    "eval_harness": ("rlcore_eval_harnesses", "an outside evaluation harness that `rlcore eval --harness` hands the policy to"),
     "data_source": ("rlcore_data_sources", "rows of prompts named by a prefix in [data] train/val (synthetic:, reasoning_gym:)"),
 }
 

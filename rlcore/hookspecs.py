@@ -155,6 +155,20 @@ def rlcore_data_sources() -> list:
 
 
 @hookspec
+def rlcore_eval_harnesses() -> list:
+    """Evaluation harnesses: objects with ``run(policy, output_dir) -> dict`` (a JSON-able report,
+    with its ``"table"``, the harness's own text report), where ``policy`` is an
+    :class:`rlcore.interfaces.EvalPolicy`: the run's own rollout engine and actor around the chosen
+    checkpoint or export, token in and token out.
+
+    Selected by ``rlcore eval MANIFEST --harness NAME``; ``--tasks a,b`` becomes the option
+    ``tasks`` and ``--harness-option KEY=VALUE`` the others, validated by the record's ``options``.
+
+    Example: ``Component(name="lm_eval", factory="rlcore_lm_eval.harness:build", options=LmEvalOptions)``.
+    """
+
+
+@hookspec
 def rlcore_commands() -> list:
     """Extra ``rlcore`` sub-commands: a list of :class:`rlcore.components.Command` records.
 

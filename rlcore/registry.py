@@ -46,6 +46,7 @@ FIRST_PARTY: dict[tuple[str, str], str] = {
     ("launcher", "ray"): "rlcore-launcher-ray",
     ("launcher", "skypilot"): "rlcore-launcher-skypilot",
     ("data_source", "reasoning_gym"): "rlcore-reasoning-gym",
+    ("eval_harness", "lm_eval"): "rlcore-lm-eval",
     ("reward_function", "reasoning_gym"): "rlcore-reasoning-gym",
 }
 
