@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-prompts", type=int, default=None, metavar="N", help="evaluate on at most N prompts of each set")
     parser.add_argument("--output", type=Path, default=None, help="the JSON report (default: eval.json beside the checkpoint, or in .)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.KEY=VALUE")
+    harness = parser.add_argument_group("an outside evaluation harness (e.g. lm_eval, from rlcore-lm-eval)")
+    harness.add_argument("--harness", default=None, metavar="NAME",
+                         help="hand the policy (the run's engine and actor) to this harness too; its report is kept beside rlcore's")
+    harness.add_argument("--tasks", default=None, metavar="A,B", help="the harness's tasks, comma-separated")
+    harness.add_argument("--harness-option", dest="harness_options", action="append", default=[], metavar="KEY=VALUE",
+                         help="one of the harness's options (a TOML value), repeatable: --harness-option num_fewshot=5")
 
 
-def _named_sets(specs: list[str], default: str | None) -> dict[str, str]:
+def _named_sets(specs: list[str], default: Any, required: bool = True) -> dict[str, Any]:
     if not specs:
+        if default is None and not required:
+            return {}
         if default is None:
             raise UsageError("nothing to evaluate on: the manifest has no [data] val; name a set with --data SPEC")
         return {"val": default}
@@ -77,14 +86,16 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         overrides.append(f"rollout.val_samples_per_prompt={args.samples}")
     if args.max_prompts is not None and args.max_prompts < 1:
         raise UsageError(f"--max-prompts must be at least 1, got {args.max_prompts}")
-    manifest = load_manifest(args.manifest, overrides, registry=Registry.discover())
+    registry = Registry.discover()
+    manifest = load_manifest(args.manifest, overrides, registry=registry)
+    harness = _harness(args, registry) if getattr(args, "harness", None) else None
     checkpoint = _checkpoint(args.checkpoint) if args.checkpoint else None
     if args.model is not None:
         if not (args.model / "config.json").is_file():
             raise UsageError(f"--model {args.model}: not a Hugging Face model directory (no config.json)")
         model = manifest.core.model
         model.path, model.gguf_file, model.lora = str(args.model.resolve()), None, None  # an export is merged
-    sets = _named_sets(args.data, manifest.core.data.val)
+    sets = _named_sets(args.data, manifest.core.data.val, required=harness is None)
     with tempfile.TemporaryDirectory(prefix="rlcore-eval-") as scratch:  # the trainer's sinks write nothing kept
         trainer = RLTrainer(manifest, scratch, checkpoint=checkpoint)
         try:
@@ -94,21 +105,61 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             results: dict[str, dict[str, float]] = {}
             for name, spec in sets.items():
                 limit = args.max_prompts or d.val_max_prompts
-                trainer.val_set = load_prompts(spec, tokenizer=trainer.tokenizer, max_prompt_tokens=d.max_prompt_tokens,
+                trainer.val_set = load_prompts(spec, role="val", tokenizer=trainer.tokenizer, max_prompt_tokens=d.max_prompt_tokens,
                                                prompt_key=d.prompt_key, base_dir=manifest.base_dir, limit=limit,
                                                chat_template_kwargs=d.chat_template_kwargs)
                 metrics = trainer.evaluate()
                 metrics["prompts"] = float(len(trainer.val_set.prompts))
                 results[name] = metrics
+            harness_report = None
+            if harness is not None:
+                from rlcore.eval_policy import TrainerPolicy
+
+                component, instance = harness
+                directory = Path(tempfile.mkdtemp(prefix=f"rlcore-{component.name}-"))  # moved beside the report
+                harness_report = {"name": component.name, "provider": component.provider, "output_dir": str(directory),
+                                  **instance.run(TrainerPolicy(trainer), str(directory))}
         finally:
             trainer.close()
-    return {
+    report = {
         "manifest": str(Path(args.manifest).resolve()),
         "policy": str(checkpoint or args.model or manifest.core.model.path),
         "step": trainer.step,
         "samples_per_prompt": manifest.core.rollout.val_samples_per_prompt,
         "sets": results,
     }
+    if harness_report is not None:
+        report["harness"] = harness_report
+    return report
+
+
+def _harness(args: argparse.Namespace, registry: Any) -> tuple[Any, Any]:
+    """The ``--harness`` component, built with ``--tasks`` and ``--harness-option`` (checked before
+    any model loads)."""
+    from pydantic import ValidationError
+
+    from rlcore.manifest.loader import parse_value
+
+    component = registry.get("eval_harness", args.harness)
+    options: dict[str, Any] = {}
+    if args.tasks is not None:
+        options["tasks"] = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    for item in args.harness_options:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--harness-option expects KEY=VALUE, got {item!r}")
+        options[key.strip()] = parse_value(value.strip())
+    try:
+        validated = component.options.model_validate(options)
+    except ValidationError as exc:
+        fields = ", ".join(component.options.model_fields)
+        problems = "; ".join(
+            f"{'--tasks' if e['loc'][:1] == ('tasks',) else '--harness-option ' + '.'.join(str(x) for x in e['loc'])}: "
+            + ("unknown option" if e["type"] == "extra_forbidden" else e["msg"])
+            for e in exc.errors()
+        )
+        raise UsageError(f"--harness {args.harness}: {problems} (its options: {fields})") from None
+    return component, component.load_factory()(validated, None)
 
 
 def _print_table(report: dict[str, Any]) -> None:
@@ -139,9 +190,21 @@ def run(args: argparse.Namespace) -> int:
     else:
         output = Path("eval.json")
     output.parent.mkdir(parents=True, exist_ok=True)
+    harness = report.get("harness")
+    if harness is not None:  # the harness's own files, beside the report: eval.lm_eval/
+        kept = output.with_name(f"{output.stem}.{harness['name']}")
+        if kept.exists():
+            shutil.rmtree(kept)
+        shutil.move(harness["output_dir"], kept)
+        harness["output_dir"] = str(kept)
     tmp = output.with_name(output.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(report, indent=1, default=str) + "\n", encoding="utf-8")
     tmp.replace(output)
-    _print_table(report)
+    if report["sets"]:
+        _print_table(report)
+    if harness is not None:
+        print(f"{harness['name']} ({harness['provider']}):")
+        print(harness.get("table", ""))
+        print(f"{harness['name']}'s files: {harness['output_dir']}")
     print(f"report: {output}")
     return 0

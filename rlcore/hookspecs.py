@@ -142,6 +142,38 @@ def rlcore_metrics_sinks() -> list:
 
 
 @hookspec
+def rlcore_data_sources() -> list:
+    """Data sources: where ``[data] train`` and ``val`` rows come from when they are not files.
+
+    Selected by a prefix: ``train = "NAME:ARGS?key=value&..."`` picks the source ``NAME``; the
+    text after the colon (up to ``?``) is the option the record names as ``target_option`` and the
+    query keys are its other options. The table form, ``[data.train] source = "NAME"`` with the
+    options as keys, says the same. Options are validated by the record's ``options`` model at
+    ``rlcore validate`` (which imports no torch: keep the model's validators light).
+    The factory returns a :class:`rlcore.interfaces.DataSource`: ``rows(role)`` gives verl-format
+    rows for ``role`` "train" or "val" (a source with splits makes the role its default split, so
+    the two never share an item).
+
+    Example: ``Component(name="reasoning_gym", factory="rlcore_reasoning_gym.source:build",
+    options=ReasoningGymSourceOptions, target_option="task")``.
+    """
+
+
+@hookspec
+def rlcore_eval_harnesses() -> list:
+    """Evaluation harnesses: objects with ``run(policy, output_dir) -> dict`` (a JSON-able report,
+    with its ``"table"``, the harness's own text report), where ``policy`` is an
+    :class:`rlcore.interfaces.EvalPolicy`: the run's own rollout engine and actor around the chosen
+    checkpoint or export, token in and token out.
+
+    Selected by ``rlcore eval MANIFEST --harness NAME``; ``--tasks a,b`` becomes the option
+    ``tasks`` and ``--harness-option KEY=VALUE`` the others, validated by the record's ``options``.
+
+    Example: ``Component(name="lm_eval", factory="rlcore_lm_eval.harness:build", options=LmEvalOptions)``.
+    """
+
+
+@hookspec
 def rlcore_commands() -> list:
     """Extra ``rlcore`` sub-commands: a list of :class:`rlcore.components.Command` records.
 

@@ -271,6 +271,37 @@ class MetricsSink(Protocol):
 # ----------------------------------------------------------------------------- build context
 
 
+class DataSource(Protocol):
+    """Rows of prompts in verl's format (``prompt``, ``data_source``, ``reward_model``,
+    ``extra_info``), from a source named by a prefix in ``[data] train`` / ``val``."""
+
+    def rows(self, role: str) -> list[dict[str, Any]]:
+        """The rows for ``role``: "train" or "val". A source with splits takes the role as its
+        default split, so that a validation set never repeats a training item."""
+
+
+@runtime_checkable
+class EvalPolicy(Protocol):
+    """The policy an evaluation harness scores (``rlcore eval --harness``): the run's tokenizer,
+    its rollout engine for sampling, and its actor for log-likelihoods, on token ids."""
+
+    tokenizer: Any
+    max_length: int  # the longest sequence (prompt and continuation) the model takes
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[int]]:
+        """The response token ids of each prompt (one sample each)."""
+
+    def loglikelihood(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[tuple[float, bool]]:
+        """For each (context ids, continuation ids): the summed log-probability of the continuation
+        given the context, and whether greedy decoding would have produced it exactly."""
+
+
+class EvalHarness(Protocol):
+    def run(self, policy: EvalPolicy, output_dir: str) -> dict[str, Any]:
+        """Evaluate ``policy``; write the harness's own files under ``output_dir``; return a JSON-able
+        report whose ``"table"`` (text) is printed beside rlcore's own."""
+
+
 @dataclass
 class BuildContext:
     """What a factory receives beside its options. Fields a run has not set are None (or empty).

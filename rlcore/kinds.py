@@ -67,7 +67,8 @@ KINDS: tuple[Kind, ...] = (
          "rlcore.interfaces:RewardFunction", table="reward", selector="function",
          kit="rlcore.testing.rewards:check_reward_function",
          first_party={**_from("rlcore-reward-rule", "gsm8k", "math", "math_dapo", "verl", "exact_match", "format"),
-                      **_from("rlcore-reward-model", "reward_model", "judge")}),
+                      **_from("rlcore-reward-model", "reward_model", "judge"),
+                      **_from("rlcore-reasoning-gym", "reasoning_gym")}),
     Kind("agent_loop", "rlcore_agent_loops", "turns one prompt into trajectories by driving the engine (and tools)",
          "rlcore.interfaces:AgentLoop", table="agent", selector="loop", first_party=_from("rlcore-agent", "tool")),
     Kind("tool", "rlcore_tools", "a function an agent may call during a rollout",
@@ -79,6 +80,12 @@ KINDS: tuple[Kind, ...] = (
          | _from("rlcore-launcher-skypilot", "skypilot")),
     Kind("metrics_sink", "rlcore_metrics_sinks", "receives the metrics of every step",
          "rlcore.interfaces:MetricsSink", table="loggers", named=True),
+    Kind("eval_harness", "rlcore_eval_harnesses",
+         "an outside evaluation harness that `rlcore eval --harness` hands the policy to",
+         "rlcore.interfaces:EvalHarness", first_party=_from("rlcore-lm-eval", "lm_eval")),
+    Kind("data_source", "rlcore_data_sources",
+         "rows of prompts named by a prefix in [data] train/val (synthetic:, reasoning_gym:)",
+         "rlcore.interfaces:DataSource", first_party=_from("rlcore-reasoning-gym", "reasoning_gym")),
 )
 
 BY_NAME: dict[str, Kind] = {kind.name: kind for kind in KINDS}

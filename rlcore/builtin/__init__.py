@@ -76,6 +76,21 @@ def rlcore_reward_functions():
 
 
 @hookimpl
+def rlcore_data_sources():
+    from rlcore.data.synthetic import SyntheticSourceOptions  # pure Python and pydantic
+
+    return [
+        Component(
+            name="synthetic",
+            factory="rlcore.data.synthetic:build_source",
+            options=SyntheticSourceOptions,
+            target_option="task",
+            description="synthetic tasks with checkable answers (addition, arithmetic)",
+        )
+    ]
+
+
+@hookimpl
 def rlcore_commands():
     # Named by strings: nothing is imported until the command is invoked (or asked for its help).
     return [

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 from loguru import logger
 
-from rlcore.data import synthetic
+from rlcore.data import sources, synthetic
 from rlcore.data.io import EXTENSIONS, read_rows
 from rlcore.data.rows import row_problem
 from rlcore.errors import RlcoreError
@@ -51,34 +51,43 @@ def resolve(spec: str, base_dir: str | Path | None = None) -> Path:
     return path
 
 
-def check_data_spec(spec: str, base_dir: str | Path | None = None) -> str | None:
-    """A problem with a data spec, or None. Cheap: no torch, no datasets (for ``rlcore validate``)."""
-    if not isinstance(spec, str) or not spec.strip():
-        return "expected a parquet or jsonl file, or synthetic:<task>"
-    if spec.startswith(synthetic.PREFIX):
-        try:
-            synthetic.parse_spec(spec)
-        except RlcoreError as exc:
-            return str(exc)
-        return None
+def check_data_spec(spec: str | dict[str, Any], base_dir: str | Path | None = None, registry: Any = None) -> str | None:
+    """A problem with a data spec, or None. Cheap: no torch, no datasets (for ``rlcore validate``).
+    A spec is a file, or names a data source (``synthetic:addition``, a ``{source = ...}`` table)."""
+    if isinstance(spec, str) and not spec.strip():
+        return f"expected {SPEC_FORMS}"
+    if not isinstance(spec, (str, dict)):
+        return f"expected {SPEC_FORMS}, got {type(spec).__name__}"
+    try:
+        parsed = sources.source_spec(spec)
+    except RlcoreError as exc:
+        return str(exc)
+    if parsed is not None and not (isinstance(spec, str) and resolve(spec, base_dir).exists()):
+        return sources.check_source(parsed, registry)
     path = resolve(spec, base_dir)
     if path.is_dir():
         return f"data file {str(path)!r} is a directory; expected a parquet or jsonl file in it, or synthetic:<task>"
     if path.suffix.lower() not in EXTENSIONS:
         return (
             f"data file {str(path)!r} has the unknown extension {path.suffix or '(none)'!r}; expected one of "
-            f"{', '.join(sorted(EXTENSIONS))}, or synthetic:<task> with a task among {', '.join(sorted(synthetic.TASKS))}"
+            f"{', '.join(sorted(EXTENSIONS))}, or a data source such as synthetic:<task> with a task among "
+            f"{', '.join(sorted(synthetic.TASKS))}"
         )
     if not path.is_file():
         return f"data file {str(path)!r} does not exist"
     return None
 
 
-def read_source(spec: str, base_dir: str | Path | None = None) -> tuple[list[dict[str, Any]], str]:
-    """The rows of a data spec, and the name to report it by."""
-    if spec.startswith(synthetic.PREFIX):
-        name, params = synthetic.parse_spec(spec)
-        return synthetic.TASKS[name].generate(params), spec
+SPEC_FORMS = "a parquet or jsonl file, or a data source: synthetic:<task>, reasoning_gym:<task>, a [data.train] table with source = ..."
+
+
+def read_source(spec: str | dict[str, Any], base_dir: str | Path | None = None, *, role: str = "train",
+                registry: Any = None, context: Any = None) -> tuple[list[dict[str, Any]], str]:
+    """The rows of a data spec, and the name to report it by. ``role`` ("train" or "val") is the
+    default split of a source that has splits."""
+    parsed = sources.source_spec(spec)
+    if parsed is not None and not (isinstance(spec, str) and resolve(spec, base_dir).exists()):
+        return sources.read_rows(parsed, role, registry=registry, context=context), parsed.written
     problem = check_data_spec(spec, base_dir)
     path = resolve(spec, base_dir)
     if problem:
@@ -87,8 +96,11 @@ def read_source(spec: str, base_dir: str | Path | None = None) -> tuple[list[dic
 
 
 def load_prompts(
-    spec: str,
+    spec: str | dict[str, Any],
     *,
+    role: str = "train",
+    registry: Any = None,
+    context: Any = None,
     tokenizer: Any,
     max_prompt_tokens: int,
     prompt_key: str = "prompt",
@@ -99,8 +111,11 @@ def load_prompts(
 ) -> PromptSet:
     """Read, tokenize and length-filter a dataset. ``limit`` keeps at most that many prompts (after
     shuffling with ``shuffle_seed``, when given); ``Prompt.index`` is the row's position in the source.
-    ``chat_template_kwargs`` go to the chat template (``enable_thinking = false`` for Qwen3)."""
-    rows, source = read_source(spec, base_dir)
+    ``chat_template_kwargs`` go to the chat template (``enable_thinking = false`` for Qwen3).
+    ``role``: "train" or "val", the default split of a data source with splits; ``registry`` (where
+    data sources are looked up; default: the installed ones) and ``context`` (the source's
+    :class:`rlcore.interfaces.BuildContext`) matter only for data sources."""
+    rows, source = read_source(spec, base_dir, role=role, registry=registry, context=context)
     if not rows:
         raise RlcoreError(f"data {source!r} is empty")
     if prompt_key not in rows[0]:

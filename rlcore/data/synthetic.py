@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 from urllib.parse import parse_qsl
 
-from pydantic import Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from rlcore.components import Options
 from rlcore.errors import RlcoreError, did_you_mean
@@ -197,3 +197,31 @@ def write_synthetic(task: str, path: str | Path, **params: Any) -> Path:
     from rlcore.data.io import write_parquet
 
     return write_parquet(generate(task, **params), path)
+
+
+class SyntheticSourceOptions(Options):
+    """``synthetic:TASK?size=N&...``: the task, and its parameters as the other keys."""
+
+    model_config = ConfigDict(extra="allow")
+
+    task: str = Field(..., description="one of the synthetic tasks: " + ", ".join(sorted(TASKS)))
+
+    @model_validator(mode="after")
+    def _task_parameters(self) -> "SyntheticSourceOptions":
+        task_params(self.task, dict(self.model_extra or {}))  # raises a located RlcoreError
+        return self
+
+
+@dataclass(frozen=True)
+class SyntheticSource:
+    """The builtin data source ``synthetic``; its ``split`` parameter decides, not the role."""
+
+    task: str
+    params: dict[str, Any]
+
+    def rows(self, role: str) -> list[dict[str, Any]]:
+        return generate(self.task, **self.params)
+
+
+def build_source(options: SyntheticSourceOptions, context: Any = None) -> SyntheticSource:
+    return SyntheticSource(options.task, dict(options.model_extra or {}))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rlcore.errors import ManifestError, Problem
 from rlcore.manifest.loader import ResolvedManifest
 from rlcore.manifest.locate import key_lines, line_of
@@ -48,11 +50,13 @@ def check_resolved(manifest: ResolvedManifest) -> list[str]:
             from rlcore.data import check_data_spec
             from rlcore.data.prompts import resolve
             from rlcore.data.rows import VALIDATE_SAMPLE, check_sample
-            from rlcore.data.synthetic import PREFIX
+            from rlcore.data.sources import source_spec
         except ImportError:
             break
+        if source_spec(spec) is not None and not (isinstance(spec, str) and Path(spec).exists()):
+            continue  # a data source: validated with the manifest, by the source's own options
         message = check_data_spec(spec)
-        if not message and not spec.startswith(PREFIX):  # the rows themselves, a sample of them
+        if not message:  # the rows themselves, a sample of them
             message = check_sample(resolve(spec), core.data.prompt_key, VALIDATE_SAMPLE)
         if message:
             problem(key, message)

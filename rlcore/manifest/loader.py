@@ -354,6 +354,7 @@ def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry
         _validate_table_options(col, registry, table, extras.get(table, {}), chosen, selected)
 
     _validate_reward_routes(col, registry, doc, base_dir, selected)
+    _validate_data_sources(col, registry, doc)
     _check_steps(col, doc)
     for table, kind in COMPONENT_MAPS.items():
         entries = doc.get(table)
@@ -400,6 +401,29 @@ def _without_retired(doc: dict[str, Any], col: _Collector) -> dict[str, Any]:
                 out = copy.copy(doc)
             out[table] = {k: v for k, v in out[table].items() if k != key}
     return out
+
+
+def _validate_data_sources(col: _Collector, registry: Registry, doc: dict[str, Any]) -> None:
+    """``[data] train`` and ``val`` that name a data source (``reasoning_gym:TASK?...`` or a
+    ``[data.train]`` table) are validated by that source's options model; files are checked later."""
+    from rlcore.data.sources import check_source, source_spec
+
+    data = doc.get("data")
+    if not isinstance(data, dict):
+        return
+    for key in ("train", "val"):
+        spec = data.get(key)
+        if not isinstance(spec, (str, dict)) or (isinstance(spec, str) and Path(spec).exists()):
+            continue
+        try:
+            parsed = source_spec(spec)
+        except RlcoreError as exc:
+            col.add(f"data.{key}", str(exc))
+            continue
+        if parsed is not None:
+            problem = check_source(parsed, registry)
+            if problem:
+                col.add(f"data.{key}", problem)
 
 
 def _check_steps(col: _Collector, doc: dict[str, Any]) -> None:
@@ -593,7 +617,7 @@ def _resolve_paths(core: Manifest, base_dir: Path, col: _Collector) -> None:
         ("critic.path", lambda: core.critic.path, lambda v: setattr(core.critic, "path", v)),
     ):
         value = getter()
-        if value is None:
+        if value is None or not isinstance(value, str):  # a data table names a source, not a path
             continue
         try:
             resolved = resolve_path(value, base_dir)

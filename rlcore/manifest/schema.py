@@ -4,7 +4,7 @@ core does not define are that component's options and are validated by its own m
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
@@ -72,8 +72,13 @@ class ModelTable(Table):
 
 
 class DataTable(Table):
-    train: str = Field(..., min_length=1, description="parquet or jsonl file (relative to the manifest), or synthetic:<task>")
-    val: str | None = Field(None, description="validation set, same formats")
+    train: str | dict[str, Any] = Field(
+        ..., min_length=1,
+        description="parquet or jsonl file (relative to the manifest), or a data source: synthetic:<task>, "
+        "reasoning_gym:<task>?size=N, or a table with source = NAME and the source's options",
+    )
+    val: str | dict[str, Any] | None = Field(None, description="validation set, same forms (a source with splits "
+                                             "gives val its test split)")
     prompts_per_step: int = Field(16, ge=1)
     max_prompt_tokens: int = Field(512, ge=1)
     max_response_tokens: int = Field(256, ge=1)

@@ -279,10 +279,11 @@ class RLTrainer:
 
         d = self.cfg.data
         common = dict(tokenizer=self.tokenizer, max_prompt_tokens=d.max_prompt_tokens, prompt_key=d.prompt_key,
-                      base_dir=self.manifest.base_dir, chat_template_kwargs=d.chat_template_kwargs)
+                      base_dir=self.manifest.base_dir, chat_template_kwargs=d.chat_template_kwargs,
+                      context=BuildContext.from_manifest(self.manifest))
         try:
-            self.train_set = load_prompts(d.train, **common)
-            self.val_set = load_prompts(d.val, limit=d.val_max_prompts, **common) if d.val else None
+            self.train_set = load_prompts(d.train, role="train", **common)
+            self.val_set = load_prompts(d.val, role="val", limit=d.val_max_prompts, **common) if d.val else None
             for dataset in filter(None, (self.train_set, self.val_set)):
                 self.scorer.check_data(dataset.prompts, dataset.source)
         except RlcoreError as exc:  # bad input data: a usage error, like a bad manifest

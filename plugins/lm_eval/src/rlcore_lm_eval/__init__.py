@@ -1,0 +1,1 @@
+"""lm-evaluation-harness for rlcore: ``rlcore eval --harness lm_eval --tasks ...``."""
