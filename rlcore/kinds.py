@@ -24,7 +24,9 @@ class Kind:
     hook:        the hook specification returning its :class:`rlcore.components.Component` records.
     description: one line for ``rlcore plugins`` and the docs.
     protocol:    ``module:Name`` of what a built component must do (``rlcore.interfaces``).
-    table:       the manifest table that selects it (``rollout``), or None.
+    table:       the manifest table that selects it (``rollout``), or None for a kind chosen
+                 otherwise: a data source by the prefix of ``[data] train``/``val``
+                 (``reasoning_gym:TASK``), an evaluation harness by ``rlcore eval --harness``.
     selector:    the key of ``table`` naming the component (``engine``); its other keys are the
                  component's options. None with ``named``: ``[table.NAME]`` sub-tables, each one
                  component with its options (``[tools.python]``).
