@@ -202,11 +202,14 @@ def resolve_path(value: str, base_dir: Path) -> str:
 
 
 class _Collector:
-    def __init__(self, path: Path, lines: dict[str, int], overridden: dict[str, str] | None = None):
+    def __init__(self, path: Path, lines: dict[str, int], overridden: dict[str, str] | None = None,
+                 end_line: int | None = None):
+        """``end_line``: the file's last line, where a missing table is reported (it goes after it)."""
         self.path, self.lines, self.problems = path, lines, []
         self.overridden: dict[str, str] = dict(overridden or {})  # dotted key -> where its value came from
+        self.end_line = end_line
 
-    def add(self, key: str, message: str) -> None:
+    def add(self, key: str, message: str, missing: bool = False) -> None:
         # The override that set this key, a table above it or a key below it; the most specific wins.
         origins = [o for o in self.overridden if key == o or key.startswith(o + ".") or o.startswith(key + ".")]
         if origins:
@@ -215,6 +218,8 @@ class _Collector:
             line = None
         else:
             line = line_of(self.lines, key)
+            if line is None and missing:
+                line = self.end_line
         self.problems.append(Problem(key=key, message=message, line=line, file=str(self.path)))
 
 
@@ -236,7 +241,15 @@ def _pydantic_problems(col: _Collector, exc: ValidationError, prefix: str, model
             if fields:
                 msg += " Expected one of: " + ", ".join(fields)
         elif kind == "missing":
-            msg = "required key is missing"
+            table = _model_at(model, loc) if model else None
+            if table is not None:
+                needed = [n for n, f in table.model_fields.items() if f.is_required()]
+                msg = (f"required table is missing: add [{key}]"
+                       + (f" with {', '.join(f'{n} = ...' for n in needed)}" if needed else ""))
+            else:
+                msg = "required key is missing"
+            col.add(key, msg, missing=True)
+            continue
         else:
             msg = f"{err['msg']}; got {_describe(err.get('input'))}"
         col.add(key, msg)
@@ -285,7 +298,7 @@ def load_manifest(
             message += f" (column {match.group(2)})"
         raise ManifestError([Problem("", f"invalid TOML: {message}", line=line, file=str(shown))]) from None
 
-    col = _Collector(shown, key_lines(text))
+    col = _Collector(shown, key_lines(text), end_line=max(1, len(text.splitlines())))
     env = env_overrides(environ)
     variables = env_variables(environ)
     for table, values in env.items():

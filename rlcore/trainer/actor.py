@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import torch
 from loguru import logger
 
+from rlcore import progress
 from rlcore.algorithms.importance import correction_weights, merge_mismatch, mismatch_metrics, mismatch_sums, tis_weights
 from rlcore.interfaces import PolicyLossInput
 from rlcore.manifest.schema import Manifest, ModelTable
@@ -123,7 +124,7 @@ class Actor(precision.TrainedRole):
                 # Metrics stay on the device until the mini-batch ends: a read-back per micro-batch
                 # would stall the GPU between its forward and backward passes.
                 acc: dict[str, Any] = defaultdict(float)
-                for micro in self.batching.micro_batches(batch, rows):
+                for micro in progress.each(self.batching.micro_batches(batch, rows), "updating", "micro-batches"):
                     if micro is None:
                         self.dummy_forward().backward()
                         continue

@@ -61,6 +61,7 @@ def run_driver(manifest: ResolvedManifest, run_dir: str | Path, resume: bool = F
     run_dir.mkdir(parents=True, exist_ok=True)
     sink_id = logger.add(log_file, level="DEBUG", enqueue=False)
     try:
+        logger.info("run directory {}; starting (importing torch and the trainer)", run_dir)
         from rlcore.trainer.rl import RLTrainer
 
         trainer = RLTrainer(manifest, run_dir, resume=resume)
@@ -68,7 +69,9 @@ def run_driver(manifest: ResolvedManifest, run_dir: str | Path, resume: bool = F
         trainer.fit()
         logger.info("run finished: {} steps; outputs in {}", trainer.step, run_dir)
         return 0
-    except RlcoreError:
+    except RlcoreError as exc:
+        # The command line prints it; run.log keeps it too, beside what led to it.
+        logger.bind(file_only=True).error("{}", exc)
         raise
     except Stopped as stop:
         if stop.checkpoint is not None:
