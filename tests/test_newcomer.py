@@ -208,3 +208,32 @@ def test_check_source_lets_local_directories_through(tmp_path):
             check_source("no-such-org/no-such-model")
         finally:
             del os.environ["HF_HUB_OFFLINE"]
+
+
+# ----------------------------------------------------------------------------- examples and their data
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_examples_say_how_to_make_their_data_then_validate_once_it_is_made(tmp_path, capsys, monkeypatch):
+    """On a fresh clone the GSM8K examples lack data/gsm8k/*.parquet: the error gives the
+    `rlcore data` command; once it has run (here on a local two-row GSM8K), every example validates."""
+    import shutil
+
+    from rlcore.data import cli as data_cli
+
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    monkeypatch.chdir(tmp_path)
+    examples = sorted(str(p) for p in (tmp_path / "examples").glob("*.toml"))
+    assert main(["validate", *examples]) == 2
+    out = capsys.readouterr().out
+    assert "does not exist; make it first with: rlcore data gsm8k --input hub --output data/gsm8k" in out
+
+    source = tmp_path / "gsm8k"
+    source.mkdir()
+    for split in ("train", "test"):
+        (source / f"{split}.jsonl").write_text(json.dumps({"question": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"}) + "\n")
+    parser = __import__("argparse").ArgumentParser()
+    data_cli.configure(parser)
+    assert data_cli.run(parser.parse_args(["gsm8k", "--input", str(source), "--output", "data/gsm8k"])) == 0
+    assert main(["validate", *examples]) == 0, capsys.readouterr().out
