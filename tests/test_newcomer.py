@@ -237,3 +237,16 @@ def test_examples_say_how_to_make_their_data_then_validate_once_it_is_made(tmp_p
     data_cli.configure(parser)
     assert data_cli.run(parser.parse_args(["gsm8k", "--input", str(source), "--output", "data/gsm8k"])) == 0
     assert main(["validate", *examples]) == 0, capsys.readouterr().out
+
+
+def test_ci_runs_the_readme_commands_and_installs_from_wheels():
+    """CI runs the README's test command exactly, then the wheel-only install (.ci/wheels.sh)."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"```bash\n(.*?)\n```", readme, flags=re.S)[:2]
+    assert commands[0] == "./scripts/setup.sh && .venv/bin/rlcore run examples/quickstart.toml"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert commands[1] in ci
+    assert "\n.ci/wheels.sh || status=$?" in ci
+    assert os.access(ROOT / ".ci" / "wheels.sh", os.X_OK) and os.access(ROOT / ".ci" / "shared_deps.sh", os.X_OK)
