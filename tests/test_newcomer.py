@@ -250,3 +250,33 @@ def test_ci_runs_the_readme_commands_and_installs_from_wheels():
     assert commands[1] in ci
     assert "\n.ci/wheels.sh || status=$?" in ci
     assert os.access(ROOT / ".ci" / "wheels.sh", os.X_OK) and os.access(ROOT / ".ci" / "shared_deps.sh", os.X_OK)
+
+
+def test_the_bar_keeps_its_count_and_estimate_at_80_columns_and_shows_the_phase(tmp_path):
+    from rich.console import Console
+
+    from rlcore.builtin.loggers import ConsoleSink
+
+    class Options(_Options):
+        live, heartbeat_s = False, 0
+
+    class Context:
+        run_dir, total_steps, resume_step = str(tmp_path), 24, None
+
+    sink = ConsoleSink(Options(), Context())
+    out = io.StringIO()
+    sink.console = Console(file=out, force_terminal=True, width=80, color_system=None)
+    sink.start_bar()
+    sink.log({"critic/score/mean": 0.5, "timing_s/step": 1.0}, 1)
+    with progress.phase("generating", 64, "samples"):
+        sink.progress.refresh()
+        frame = out.getvalue()
+    sink.close()
+    import re
+
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", frame)  # the cursor moves of the live display
+    last = [line for line in plain.replace("\r", "\n").splitlines() if line.strip()][-2:]
+    assert last[0].startswith("training") and " 1/24 " in last[0] and " left " in last[0], last
+    assert "-:--:--" not in last[0]  # one step is enough for an estimate
+    assert last[1].strip().startswith("generating 0/64 samples"), last
+    assert all(len(line) <= 80 for line in last)

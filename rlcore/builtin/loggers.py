@@ -70,22 +70,26 @@ class ConsoleSink:
         self._shown = None  # the phase the bar's second line shows
         self.heartbeat = None
         if options.live and self.console.is_terminal and self.total:
-            from rich.progress import BarColumn, Progress, TextColumn
-
-            # The step count and the time left first, so a narrow terminal cuts the bar, not them.
-            self.progress = Progress(
-                TextColumn("{task.description}"), _CountColumn(), _TimeColumn(), BarColumn(bar_width=None),
-                console=self.console, transient=False, expand=False,
-            )
-            self.task = self.progress.add_task("[bold]training", total=self.total, completed=self.last_step,
-                                               start_step=self.last_step)
-            self.phase_task = self.progress.add_task("", total=None, visible=False, phase=True)
-            self.progress.start()
+            self.start_bar()
         elif getattr(options, "heartbeat_s", 0):
             self.heartbeat = _Heartbeat(self, options.heartbeat_s)
         from rlcore import progress
 
         progress.listen(self)
+
+    def start_bar(self) -> None:
+        """The live bar: the training steps, and under them the phase of the one under way."""
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        # The step count and the time left first, so a narrow terminal cuts the bar, not them.
+        self.progress = Progress(
+            TextColumn("{task.description}"), _CountColumn(), _TimeColumn(), BarColumn(bar_width=None),
+            console=self.console, transient=False, expand=False,
+        )
+        self.task = self.progress.add_task("[bold]training", total=self.total, completed=self.last_step,
+                                           start_step=self.last_step)
+        self.phase_task = self.progress.add_task("", total=None, visible=False, phase=True)
+        self.progress.start()
 
     def phase_changed(self, phase) -> None:
         """rlcore.progress: a phase began, advanced or ended."""
