@@ -29,7 +29,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="samples per prompt; pass@K is reported (default: [rollout] val_samples_per_prompt)")
     parser.add_argument("--max-prompts", type=int, default=None, metavar="N", help="evaluate on at most N prompts of each set")
     parser.add_argument("--output", type=Path, default=None, help="the JSON report (default: RUN_DIR/eval/step_N.json for a checkpoint RUN_DIR/checkpoints/step_N, "
-                        "./eval.json for --model)")
+                        "./eval.json for --model or the manifest's own model)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.KEY=VALUE")
 
 
