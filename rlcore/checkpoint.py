@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import random
 import shutil
@@ -180,6 +181,16 @@ def _probe_space(directory: Path) -> int | None:
     return None
 
 
+def _size(path: Path) -> str:
+    """The size of the files under ``path``, as "1.6 GB"."""
+    total = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if total < 1000 or unit == "GB":
+            return f"{total:.0f} {unit}" if unit == "bytes" else f"{total:.1f} {unit}"
+        total /= 1000
+    return ""
+
+
 def rng_state() -> dict[str, Any]:
     import numpy as np
     import torch
@@ -202,9 +213,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 class Checkpointer:
-    def __init__(self, run_dir: str | Path, keep: int = 2):
+    def __init__(self, run_dir: str | Path, keep: int = 2, keep_best: int = 0, best_metric: str = "val/reward/mean",
+                 best_mode: str = "max"):
+        """``keep``: the last checkpoints kept; ``keep_best``: also the best this many by
+        ``best_metric`` of the validation recorded in each one's state (``state["validation"]``),
+        the highest with ``best_mode`` "max", the lowest with "min"."""
         self.root = Path(run_dir) / "checkpoints"
         self.keep = max(1, keep)
+        self.keep_best, self.best_metric, self.best_mode = keep_best, best_metric, best_mode
 
     def save(self, step: int, *, actor, tokenizer, optimizers: dict[str, Any], schedulers: dict[str, Any],
              modules: dict[str, torch.nn.Module], state: dict[str, Any], dist=None) -> Path:
@@ -289,7 +305,7 @@ class Checkpointer:
             raise
         if dist.is_main:
             self._prune(final)
-            logger.info("checkpoint saved: {}", final)
+            logger.info("checkpoint saved: {} ({})", final, _size(final))
         dist.barrier()
         return final
 
@@ -319,14 +335,38 @@ class Checkpointer:
         return f"could not write checkpoint {final}{where}: {reason}"
 
     def _prune(self, current: Path) -> None:
-        """Keep ``current`` (just written and verified by construction) and the ``keep - 1``
-        checkpoints before it; checkpoints after it (left by a run that resumed from an earlier one
-        because they were damaged) wait to be overwritten. Never removes ``current``."""
+        """Keep ``current`` (just written and verified by construction), the ``keep - 1``
+        checkpoints before it and the ``keep_best`` best by validation (current included);
+        checkpoints after it (left by a run that resumed from an earlier one because they were
+        damaged) wait to be overwritten. Never removes ``current``."""
         older = [p for p in self.complete() if p.name < current.name]
+        best = set(self.best([*older, current]))
         for old in older[: max(0, len(older) - (self.keep - 1))]:
+            if old in best:
+                logger.info("checkpoint {} kept: one of the {} best by {}", old, self.keep_best, self.best_metric)
+                continue
             shutil.rmtree(old, ignore_errors=True)
         for stale in self.root.glob(".tmp-step_*"):
             shutil.rmtree(stale, ignore_errors=True)
+
+    def best(self, checkpoints: list[Path]) -> list[Path]:
+        """The ``keep_best`` best of ``checkpoints`` by the validation their state records (the
+        newer first among equals); those without that metric are not ranked."""
+        if not self.keep_best:
+            return []
+        sign = -1.0 if self.best_mode == "max" else 1.0
+        ranked = []
+        for path in checkpoints:
+            try:
+                state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+                value = float(state["validation"][self.best_metric])
+                step = int(state["step"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if math.isfinite(value):
+                ranked.append((sign * value, -step, path))
+        ranked.sort(key=lambda r: r[:2])
+        return [path for _, _, path in ranked[: self.keep_best]]
 
     def complete(self) -> list[Path]:
         """The complete checkpoints (their state file written), oldest first; intact or not."""

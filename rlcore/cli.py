@@ -28,7 +28,12 @@ def console():
         _console = Console(stderr=False, highlight=False, soft_wrap=True)
         if not _console.is_terminal:  # piped: tables at their natural width, nothing cut or wrapped
             _console = Console(stderr=False, highlight=False, soft_wrap=True, width=_UNBOUNDED)
+        _console.on_broken_pipe = _raise_broken_pipe  # rich's own exits 1; main ends such a run with 0
     return _console
+
+
+def _raise_broken_pipe() -> None:
+    raise BrokenPipeError
 
 
 _UNBOUNDED = 100_000  # columns: wider than any table rlcore prints
@@ -229,12 +234,12 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from rlcore.manifest.starter import STARTER
+    from rlcore.manifest.starter import starter_text
 
     target = Path(args.path)
     if target.exists() and not args.force:
         raise UsageError(f"{target} exists; pass --force to overwrite it")
-    target.write_text(STARTER, encoding="utf-8")
+    target.write_text(starter_text(str(target)), encoding="utf-8")
     console().print(f"wrote {target}; check it with: rlcore validate {target}")
     return 0
 
@@ -385,14 +390,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _stdout_closed() -> int:
-    """The reader of stdout went away (``rlcore schema | head``): end quietly, as Python's
-    documentation recommends, pointing stdout at devnull so that the flush at exit cannot fail."""
+    """The reader of stdout went away (``rlcore schema | head``): end quietly with 0, as ``head``
+    took what it wanted (so ``set -o pipefail`` scripts go on), pointing stdout at devnull so that
+    the flush at exit cannot fail."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError):  # stdout without a file descriptor (captured in-process)
         pass
-    return 1
+    return 0
 
 
 def _configure_logging(debug: bool) -> None:
@@ -400,5 +406,15 @@ def _configure_logging(debug: bool) -> None:
 
     logger.remove()
     level = "DEBUG" if debug else os.environ.get("RLCORE_LOG_LEVEL", "INFO")
-    logger.add(sys.stderr, level=level, format="<dim>{time:HH:mm:ss}</dim> <level>{level: <7}</level> {message}",
-               filter=lambda record: not record["extra"].get("file_only"))  # meant for run.log alone
+    # Written to whatever sys.stderr is at the time: under a live progress bar that is rich's proxy,
+    # which prints the line above the bar instead of gluing it onto the bar's line.
+    logger.add(lambda message: sys.stderr.write(message), level=level, colorize=_is_tty(sys.stderr),
+               format="<dim>{time:HH:mm:ss}</dim> <level>{level: <7}</level> {message}",
+               filter=lambda record: not record["extra"].get("file_only"))
+
+
+def _is_tty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False

@@ -22,6 +22,12 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
     return matches[0] if matches else None
 
 
+def suggest(hint: str | None) -> str:
+    """`` (did you mean 'x'?)`` to append to a clause, or "" without a hint: the question mark
+    stays inside its parentheses, so the clause can go on with "; available: ..."."""
+    return f" (did you mean {hint!r}?)" if hint else ""
+
+
 class UnknownComponentError(UsageError):
     def __init__(self, kind: str, name: str, available: Iterable[str], install_hint: str | None = None,
                  maybe_broken: Iterable[str] = ()):
@@ -29,11 +35,9 @@ class UnknownComponentError(UsageError):
         described with its distribution and error (one of them may be the provider)."""
         self.kind, self.name, self.available = kind, name, sorted(available)
         self.suggestion = did_you_mean(name, self.available)
-        parts = [f"unknown {kind.replace('_', ' ')} {name!r}"]
+        parts = [f"unknown {kind.replace('_', ' ')} {name!r}" + ("" if install_hint else suggest(self.suggestion))]
         if install_hint:
             parts.append(f"it is provided by the distribution {install_hint!r}: pip install {install_hint}")
-        elif self.suggestion:
-            parts.append(f"did you mean {self.suggestion!r}?")
         parts.append("available: " + (", ".join(self.available) or "(none installed)"))
         broken = list(maybe_broken)
         if broken:

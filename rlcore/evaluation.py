@@ -29,7 +29,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=None, metavar="K",
                         help="samples per prompt; pass@K is reported (default: [rollout] val_samples_per_prompt)")
     parser.add_argument("--max-prompts", type=int, default=None, metavar="N", help="evaluate on at most N prompts of each set")
-    parser.add_argument("--output", type=Path, default=None, help="the JSON report (default: eval.json beside the checkpoint, or in .)")
+    parser.add_argument("--output", type=Path, default=None, help="the JSON report (default: RUN_DIR/eval/step_N.json for a checkpoint RUN_DIR/checkpoints/step_N, "
+                        "./eval.json for --model or the manifest's own model)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.KEY=VALUE")
     harness = parser.add_argument_group("an outside evaluation harness (e.g. lm_eval, from rlcore-lm-eval)")
     harness.add_argument("--harness", default=None, metavar="NAME",

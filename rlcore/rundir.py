@@ -7,7 +7,8 @@ would otherwise corrupt each other: each rewrites ``metrics.jsonl``, and one's c
 prunes the other's temporary directory.
 
 The lock is a POSIX record lock (``fcntl.lockf``), not ``flock``: the kernel drops it when the
-holding process dies, however it dies, so a stale lock file never blocks a later run; it is not
+holding process dies, however it dies, so a stale lock file never blocks a later run (a run that
+ends cleanly removes the file); it is not
 inherited by forked children (reward workers), so a worker outliving a killed trainer cannot keep
 it; and NFS (a SLURM cluster's shared directory) implements it across machines. Its one trap --
 closing *any* descriptor of the file in the holding process releases the lock -- is avoided by
@@ -108,20 +109,26 @@ class RunDirLock:
         key = _key(self.path)
         if key in _HELD:  # this process runs there already (never open the file again: see above)
             raise UsageError(in_use_message(self.run_dir, _HELD[key].info))
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise RlcoreError(f"cannot open the lock file of the run directory {self.run_dir}: {exc}") from None
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = _read_holder(fd) if exc.errno in _BUSY else {}
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                raise RlcoreError(f"cannot open the lock file of the run directory {self.run_dir}: {exc}") from None
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                holder = _read_holder(fd) if exc.errno in _BUSY else {}
+                os.close(fd)
+                if exc.errno in _BUSY:
+                    raise UsageError(in_use_message(self.run_dir, holder)) from None
+                logger.warning("cannot lock the run directory {} ({}); a second run on it would not be detected",
+                               self.run_dir, exc)
+                return self
+            if _same_file(fd, self.path):
+                break
+            # The run that held it removed the file as it ended (see release) after this one opened
+            # it: the lock taken is on a file no one else will open. Take the one at the path now.
             os.close(fd)
-            if exc.errno in _BUSY:
-                raise UsageError(in_use_message(self.run_dir, holder)) from None
-            logger.warning("cannot lock the run directory {} ({}); a second run on it would not be detected",
-                           self.run_dir, exc)
-            return self
         previous = _read_holder(fd)
         if previous.get("pid"):
             logger.debug("the lock of {} was left by {}, which has ended", self.run_dir, describe_holder(previous))
@@ -152,6 +159,13 @@ class RunDirLock:
             os.ftruncate(fd, 0)  # no stale description left behind
         except OSError:
             pass
+        # Removed while still locked, so a clean exit leaves no .lock behind; a run that opened the
+        # file meanwhile sees that its path names another file, or none, once it has the lock (acquire).
+        try:
+            if _same_file(fd, self.path):
+                os.unlink(self.path)
+        except OSError:
+            pass
         try:
             fcntl.lockf(fd, fcntl.LOCK_UN)
         finally:
@@ -162,6 +176,15 @@ class RunDirLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def lock_holder(run_dir: str | Path) -> dict[str, Any] | None:

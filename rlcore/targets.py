@@ -15,7 +15,7 @@ from hashlib import sha1
 from pathlib import Path
 from typing import Any
 
-from rlcore.errors import RlcoreError, did_you_mean
+from rlcore.errors import RlcoreError, did_you_mean, suggest
 
 
 def load_target(target: str, *, what: str = "function", source: str | None = None,
@@ -49,7 +49,7 @@ def load_target(target: str, *, what: str = "function", source: str | None = Non
             hint = did_you_mean(part, available)
             raise RlcoreError(
                 f"{origin} has no {what} {name!r}"
-                + (f"; did you mean {hint!r}?" if hint else "")
+                + suggest(hint)
                 + "; defined there: "
                 + (", ".join(available[:20]) or "(nothing)")
             )

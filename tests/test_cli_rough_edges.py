@@ -29,7 +29,7 @@ def test_a_closed_pipe_ends_the_command_quietly(args):
     proc = _run_into_closed_pipe(*args)
     assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
     assert "unexpected error" not in proc.stderr
-    assert proc.returncode != 0  # the output did not all arrive
+    assert proc.returncode == 0, proc.stderr  # the reader took what it wanted (`rlcore schema | head`)
 
 
 def _starter(path) -> str:

@@ -40,7 +40,11 @@ def _resume_step(context) -> int | None:
 class ConsoleSink:
     """A progress bar on a terminal, a line per step elsewhere, and the reward curve at the end.
     Piped or redirected, a line is never wrapped (a step's metrics stay on one line). Each step's
-    line also goes to ``run.log`` in the run directory, whatever ``every`` is."""
+    line also goes to ``run.log`` in the run directory, whatever ``every`` is.
+
+    Within a step (rlcore.progress): on a terminal a second bar line shows the phase (generating
+    32/64 samples, updating 3/6 micro-batches); without the bar, a line every ``heartbeat_s``
+    seconds of silence says where the run is, so a piped run never looks hung."""
 
     def __init__(self, options, context):
         from rich.console import Console
@@ -59,18 +63,48 @@ class ConsoleSink:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.log_file = open(self.run_dir / "run.log", "a", encoding="utf-8", buffering=1)
         self.total = getattr(context, "total_steps", None)
+        self.last_step = _resume_step(context) or 0
         self.curve: list[tuple[int, float]] = []
         self.val_curve: list[tuple[int, float]] = []
         self.progress = None
+        self._shown = None  # the phase the bar's second line shows
+        self.heartbeat = None
         if options.live and self.console.is_terminal and self.total:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            self.start_bar()
+        elif getattr(options, "heartbeat_s", 0):
+            self.heartbeat = _Heartbeat(self, options.heartbeat_s)
+        from rlcore import progress
 
-            self.progress = Progress(
-                TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                TextColumn("{task.fields[info]}"), console=self.console, transient=False,
-            )
-            self.task = self.progress.add_task("train", total=self.total, info="", completed=_resume_step(context) or 0)
-            self.progress.start()
+        progress.listen(self)
+
+    def start_bar(self) -> None:
+        """The live bar: the training steps, and under them the phase of the one under way."""
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        # The step count and the time left first, so a narrow terminal cuts the bar, not them.
+        self.progress = Progress(
+            TextColumn("{task.description}"), _CountColumn(), _TimeColumn(), BarColumn(bar_width=None),
+            console=self.console, transient=False, expand=False,
+        )
+        self.task = self.progress.add_task("[bold]training", total=self.total, completed=self.last_step,
+                                           start_step=self.last_step)
+        self.phase_task = self.progress.add_task("", total=None, visible=False, phase=True)
+        self.progress.start()
+
+    def phase_changed(self, phase) -> None:
+        """rlcore.progress: a phase began, advanced or ended."""
+        if self.progress is None:
+            return
+        from rlcore import progress
+
+        if phase is None:
+            self.progress.update(self.phase_task, visible=False)
+            return
+        if self._shown is not phase:  # a new phase: its own clock
+            self._shown = phase
+            self.progress.reset(self.phase_task, total=phase.total, visible=True)
+        self.progress.update(self.phase_task, description=f"  {progress.describe()}", total=phase.total,
+                             completed=phase.done, visible=True)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.rows.append({"step": step, **metrics})
@@ -83,8 +117,9 @@ class ConsoleSink:
         if "critic/score/mean" in metrics:
             self.curve.append((step, metrics["critic/score/mean"]))
         headline = " | ".join(f"{label} {_num(metrics[key])}" for key, label in HEADLINE if key in metrics)
+        self.last_step = step
         if self.progress is not None:
-            self.progress.update(self.task, completed=step, info=headline)
+            self.progress.update(self.task, completed=step)
         total = f"/{self.total}" if self.total else ""
         line = f"step {step}{total} | {headline}"
         self._to_log(line)
@@ -92,12 +127,32 @@ class ConsoleSink:
             self.console.print(line, markup=False)
 
     def _to_log(self, line: str) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.said()
         if self.log_file is not None:
             from datetime import datetime
 
             self.log_file.write(f"{datetime.now():%Y-%m-%d %H:%M:%S.%f}"[:-3] + f" | METRICS  | {line}\n")
 
+    def where(self) -> str | None:
+        """Where the run is now, for a heartbeat line (None between phases)."""
+        from rlcore import progress
+
+        phases = progress.stack()
+        if not phases:
+            return None
+        text = f"{progress.describe()}, {phases[-1].elapsed:.0f} s"
+        if all(p.within_step for p in phases):
+            text = f"step {self.last_step + 1}" + (f"/{self.total}" if self.total else "") + f": {text}"
+        return text
+
     def close(self) -> None:
+        from rlcore import progress
+
+        progress.unlisten(self)
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+            self.heartbeat = None
         if self.progress is not None:
             self.progress.stop()
         if self.curve:
@@ -133,6 +188,82 @@ class ConsoleSink:
             line = f"curves: {out}"
         self.console.print(line, markup=False)
         self._to_log(line)
+
+
+class _Heartbeat:
+    """A thread that prints where the run is after every ``interval`` seconds without a line
+    (piped output shows no bar); rich's console serialises it with the sink's own lines."""
+
+    def __init__(self, sink: ConsoleSink, interval: float):
+        import threading
+        import time
+
+        self.sink, self.interval, self._time = sink, interval, time.monotonic
+        self.last = self._time()
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="rlcore-heartbeat", daemon=True)
+        self.thread.start()
+
+    def said(self) -> None:
+        self.last = self._time()
+
+    def _run(self) -> None:
+        from datetime import datetime
+
+        while not self._stop.wait(min(self.interval, max(0.05, self.interval - (self._time() - self.last)))):
+            if self._time() - self.last < self.interval:
+                continue
+            where = self.sink.where()
+            if where is not None:
+                self.sink.console.print(f"{datetime.now():%H:%M:%S} ...     {where}", markup=False)
+            self.said()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=5)
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _rich_columns():
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class CountColumn(ProgressColumn):
+        """``3/24`` for the training bar; nothing for the phase line (its text holds its count)."""
+
+        def render(self, task):
+            if task.fields.get("phase"):
+                return Text("")
+            return Text(f"{int(task.completed)}/{int(task.total)}", style="progress.download")
+
+    class TimeColumn(ProgressColumn):
+        """The training bar: the time left, from this process's mean step time so far (one step
+        is enough; rich's own estimate needs several within 30 s). The phase line: its elapsed time."""
+
+        max_refresh = 1.0
+
+        def render(self, task):
+            elapsed = task.elapsed or 0.0
+            if task.fields.get("phase"):
+                return Text(_clock(elapsed) if task.visible else "", style="progress.elapsed")
+            done = task.completed - task.fields.get("start_step", 0)
+            if done <= 0 or task.total is None:
+                return Text("-:--:-- left", style="progress.remaining")
+            return Text(f"{_clock(elapsed / done * (task.total - task.completed))} left", style="progress.remaining")
+
+    return CountColumn, TimeColumn
+
+
+def _CountColumn():
+    return _rich_columns()[0]()
+
+
+def _TimeColumn():
+    return _rich_columns()[1]()
 
 
 def _num(value: float) -> str:

@@ -14,6 +14,11 @@ class LocalLauncherOptions(Options):
 class ConsoleOptions(Options):
     every: int = Field(1, ge=1, description="print a table of metrics every N steps")
     live: bool = Field(True, description="a live progress bar when the terminal allows it")
+    heartbeat_s: float = Field(
+        10.0, ge=0,
+        description="without the live bar (piped, redirected), print where the step is (generating 0/64 "
+        "samples, 35 s) every this many seconds of silence; 0 = never",
+    )
     plot: bool = Field(
         True, description="at the end, write curves.png (reward, validation, response length) into the run directory"
     )

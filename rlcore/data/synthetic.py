@@ -22,7 +22,7 @@ from urllib.parse import parse_qsl
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from rlcore.components import Options
-from rlcore.errors import RlcoreError, did_you_mean
+from rlcore.errors import RlcoreError, did_you_mean, suggest
 
 PREFIX = "synthetic:"
 TEST_EVERY = 5  # one question in TEST_EVERY belongs to the test split
@@ -37,6 +37,17 @@ class TaskParams(Options):
 
 class AdditionParams(TaskParams):
     digits: int = Field(1, ge=1, le=9, description="digits of each operand (1 means 0-9)")
+    max_digits: int | None = Field(
+        None, ge=1, le=9,
+        description="mix sizes: each operand gets from digits to max_digits digits, each count equally often "
+        "(digits=1&max_digits=2: 3 + 5, 3 + 47, 62 + 18), so a run has easy and hard questions to learn from",
+    )
+
+    @model_validator(mode="after")
+    def _digit_range(self):
+        if self.max_digits is not None and self.max_digits < self.digits:
+            raise ValueError(f"max_digits ({self.max_digits}) must be at least digits ({self.digits})")
+        return self
 
 
 class ArithmeticParams(TaskParams):
@@ -63,8 +74,20 @@ def _addition_question(a: int, b: int) -> str:
     return f"What is {a} + {b}? Reply with only the number."
 
 
+def _operand_range(digits: int) -> tuple[int, int]:
+    return (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
+
+
 def addition(p: AdditionParams) -> list[dict[str, Any]]:
     rng = random.Random(p.seed)
+    if p.max_digits is not None and p.max_digits > p.digits:
+        def operand() -> int:
+            return rng.randint(*_operand_range(rng.randint(p.digits, p.max_digits)))
+
+        pairs = _draw_unique(lambda: (operand(), operand()), lambda ab: _addition_question(*ab), p, rng)
+        return [
+            _row("addition", _addition_question(a, b), a + b, i, p.split, a=a, b=b) for i, (a, b) in enumerate(pairs)
+        ]
     lo, hi = (0 if p.digits == 1 else 10 ** (p.digits - 1)), 10**p.digits - 1
     span = hi - lo + 1
     if span * span <= _ENUMERATE_LIMIT:
@@ -172,7 +195,7 @@ def task_params(name: str, params: dict[str, Any], where: str = "") -> TaskParam
         hint = did_you_mean(name, TASKS)
         raise RlcoreError(
             f"{prefix}unknown synthetic task {name!r}"
-            + (f"; did you mean {hint!r}?" if hint else "")
+            + suggest(hint)
             + "; available: "
             + ", ".join(sorted(TASKS))
         )

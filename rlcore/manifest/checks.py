@@ -60,6 +60,18 @@ def check_resolved(manifest: ResolvedManifest) -> list[str]:
             message = check_sample(resolve(spec), core.data.prompt_key, VALIDATE_SAMPLE)
         if message:
             problem(key, message)
+    t = core.trainer
+    if t.keep_best:
+        if not t.best_metric.startswith("val/"):
+            problem("trainer.best_metric", f"{t.best_metric!r} is not a validation metric; keep_best ranks checkpoints "
+                    "by one of the validation's metrics, such as \"val/reward/mean\" or \"val/SOURCE/pass@1\"")
+        elif core.data.val is None:
+            problem("trainer.keep_best", "keep_best ranks checkpoints by their validation, and [data] sets no val")
+        elif t.save_every and t.eval_every and t.save_every % t.eval_every:
+            warnings.append(
+                f"trainer.keep_best: checkpoints are saved every {t.save_every} steps and validated every "
+                f"{t.eval_every}, so only those at a validation step (and the last) can count among the best"
+            )
     if problems:
         raise ManifestError(problems)
     return warnings

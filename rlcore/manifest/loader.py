@@ -202,11 +202,15 @@ def resolve_path(value: str, base_dir: Path) -> str:
 
 
 class _Collector:
-    def __init__(self, path: Path, lines: dict[str, int], overridden: dict[str, str] | None = None):
+    def __init__(self, path: Path, lines: dict[str, int], overridden: dict[str, str] | None = None,
+                 end_line: int | None = None):
+        """``end_line``: the file's last line, where a missing table is reported (it goes after it)."""
         self.path, self.lines, self.problems = path, lines, []
         self.overridden: dict[str, str] = dict(overridden or {})  # dotted key -> where its value came from
+        self.end_line = end_line
+        self.text = ""  # the manifest's text, for hints drawn from its comments
 
-    def add(self, key: str, message: str) -> None:
+    def add(self, key: str, message: str, missing: bool = False) -> None:
         # The override that set this key, a table above it or a key below it; the most specific wins.
         origins = [o for o in self.overridden if key == o or key.startswith(o + ".") or o.startswith(key + ".")]
         if origins:
@@ -215,6 +219,8 @@ class _Collector:
             line = None
         else:
             line = line_of(self.lines, key)
+            if line is None and missing:
+                line = self.end_line
         self.problems.append(Problem(key=key, message=message, line=line, file=str(self.path)))
 
 
@@ -236,7 +242,15 @@ def _pydantic_problems(col: _Collector, exc: ValidationError, prefix: str, model
             if fields:
                 msg += " Expected one of: " + ", ".join(fields)
         elif kind == "missing":
-            msg = "required key is missing"
+            table = _model_at(model, loc) if model else None
+            if table is not None:
+                needed = [n for n, f in table.model_fields.items() if f.is_required()]
+                msg = (f"required table is missing: add [{key}]"
+                       + (f" with {', '.join(f'{n} = ...' for n in needed)}" if needed else ""))
+            else:
+                msg = "required key is missing"
+            col.add(key, msg, missing=True)
+            continue
         else:
             msg = f"{err['msg']}; got {_describe(err.get('input'))}"
         col.add(key, msg)
@@ -285,7 +299,8 @@ def load_manifest(
             message += f" (column {match.group(2)})"
         raise ManifestError([Problem("", f"invalid TOML: {message}", line=line, file=str(shown))]) from None
 
-    col = _Collector(shown, key_lines(text))
+    col = _Collector(shown, key_lines(text), end_line=max(1, len(text.splitlines())))
+    col.text = text
     env = env_overrides(environ)
     variables = env_variables(environ)
     for table, values in env.items():
@@ -608,6 +623,29 @@ def _validate_options(
     selected[role] = Selected(role=role, component=component, options=value)
 
 
+_DATA_COMMANDS = {  # a data directory named so is what this command writes
+    "gsm8k": "rlcore data gsm8k --input hub --output {dir}   (or --input a local copy of GSM8K)",
+    "math": "rlcore data math --input MATH_DIR --output {dir}   (MATH in its published layout)",
+}
+
+
+def _data_hint(missing: Path, text: str) -> str:
+    """How to make a missing data file: the ``rlcore data`` command the manifest's own comments
+    give, else the one that writes a directory of that name, else where the converters are listed."""
+    commands = [line.lstrip("#").strip() for line in text.splitlines()
+                if line.lstrip().startswith("#") and "rlcore data " in line]
+    if commands:
+        return f"; make it first with: {commands[0]} (as the manifest's comment says)"
+    template = _DATA_COMMANDS.get(missing.parent.name.lower())
+    if template:
+        try:
+            shown = missing.parent.relative_to(Path.cwd())
+        except ValueError:
+            shown = missing.parent
+        return f"; make it first with: {template.format(dir=shown)}"
+    return "; `rlcore data --help` lists the converters that write verl-format parquet (gsm8k, math, synthetic)"
+
+
 def _resolve_paths(core: Manifest, base_dir: Path, col: _Collector) -> None:
     for key, getter, setter in (
         ("model.path", lambda: core.model.path, lambda v: setattr(core.model, "path", v)),
@@ -625,7 +663,8 @@ def _resolve_paths(core: Manifest, base_dir: Path, col: _Collector) -> None:
             col.add(key, str(exc))
             continue
         if value.startswith(("/", "./", "../", "~")) and not Path(resolved).exists():
-            col.add(key, f"path {resolved!r} does not exist")
+            hint = _data_hint(Path(resolved), col.text) if key.startswith("data.") else ""
+            col.add(key, f"path {resolved!r} does not exist{hint}")
             continue
         setter(resolved)
     out = Path(core.run.output_dir).expanduser()

@@ -249,7 +249,18 @@ class TrainerTable(Table):
         description="token budget of one packed forward/backward row (attention over a packed row costs its length squared)",
     )
     save_every: int = Field(0, ge=0, description="0 = only at the end")
-    keep_checkpoints: int = Field(2, ge=1)
+    keep_checkpoints: int = Field(
+        2, ge=1,
+        description="keep the last this many checkpoints (each holds the model and the optimizer state: about "
+        "12 bytes a parameter in float32 with AdamW, 1.6 GB for a 135M model); older ones are deleted",
+    )
+    keep_best: int = Field(
+        0, ge=0,
+        description="also keep this many of the best checkpoints by best_metric (of the validation at the "
+        "checkpoint's step), whatever their age; 0 keeps the last keep_checkpoints only",
+    )
+    best_metric: str = Field("val/reward/mean", description="the validation metric keep_best ranks checkpoints by")
+    best_mode: Literal["max", "min"] = Field("max", description="whether a higher or a lower best_metric is better")
     eval_every: int = Field(0, ge=0, description="0 = only before and after training")
     eval_before_train: bool = True
     loggers: list[str] = Field(default_factory=lambda: ["console", "jsonl"])

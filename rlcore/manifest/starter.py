@@ -2,8 +2,8 @@
 
 STARTER = '''\
 # An rlcore manifest: one file describes a whole run.
-# Check it with `rlcore validate rlcore.toml`; run it with `rlcore run rlcore.toml`.
-# Override any value from the command line: `rlcore run rlcore.toml --set trainer.steps=5`.
+# Check it with `rlcore validate {path}`; run it with `rlcore run {path}`.
+# Override any value from the command line: `rlcore run {path} --set trainer.steps=5`.
 
 [run]
 name = "my-run"              # the run directory is output_dir/name
@@ -48,3 +48,8 @@ loggers = ["console", "jsonl"]
 [launcher]
 name = "local"
 '''
+
+
+def starter_text(path: str = "rlcore.toml") -> str:
+    """The starter manifest, its header naming the file it is written to."""
+    return STARTER.replace("{path}", path)

@@ -77,6 +77,7 @@ def run_driver(manifest: ResolvedManifest, run_dir: str | Path, resume: bool = F
     sink_id = logger.add(log_file, level="DEBUG", enqueue=False)
     logger.bind(file_only=True).info("{}", where_this_rank_runs(rank))
     try:
+        logger.info("run directory {}; starting (importing torch and the trainer)", run_dir)
         from rlcore.trainer.rl import RLTrainer
 
         trainer = RLTrainer(manifest, run_dir, resume=resume)

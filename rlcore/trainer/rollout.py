@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from rlcore import progress
 from rlcore.interfaces import AgentLoop, Prompt, RolloutEngine, SamplingParams, Trajectory
 
 
@@ -17,8 +18,10 @@ class Rollout:
         module = self.actor.module
         was_training = module.training
         try:
-            with self.actor.gathered():
-                return self.agent.run(prompts, self.engine, params)
+            with self.actor.gathered(), progress.phase("generating", len(prompts) * params.n, "samples"):
+                trajectories = self.agent.run(prompts, self.engine, params)
+                progress.advance(len(trajectories))
+                return trajectories
         finally:
             module.train(was_training)
             self.engine.sleep()

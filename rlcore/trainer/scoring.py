@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from rlcore import progress
 from rlcore.errors import UsageError
 from rlcore.interfaces import Prompt, RewardInput, Trajectory
 from rlcore.reward_pool import RewardRunner, check_required_fields, score_batched
@@ -83,14 +84,16 @@ class Scorer:
             )
             for t in trajectories
         ]
-        if self.batched:
-            _call(self.reward_fn, "wake_up")
-            try:
-                result = score_batched(self.reward_fn, items, self.batch_timeout_s)
-            finally:
-                _call(self.reward_fn, "sleep")
-        else:
-            result = self.runner.score(items)
+        with progress.phase("scoring", len(items), "responses"):
+            if self.batched:
+                _call(self.reward_fn, "wake_up")
+                try:
+                    result = score_batched(self.reward_fn, items, self.batch_timeout_s)
+                finally:
+                    _call(self.reward_fn, "sleep")
+            else:
+                result = self.runner.score(items)
+            progress.advance(len(items))
         scores = [s + t.step_reward for s, t in zip(result.scores, trajectories)]
         return scores, dict(result.metrics)
 

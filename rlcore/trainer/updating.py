@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 from loguru import logger
 
+from rlcore import progress
 from rlcore.trainer.batch import MicroBatch, RolloutBatch
 from rlcore.trainer.batching import Batching
 from rlcore.trainer.distributed import Distributed, clip_grad_norm
@@ -39,7 +40,7 @@ def run_updates(role, batch: RolloutBatch, *, epochs: int, batching: Batching, d
             # Metrics stay on the device until the mini-batch ends: a read-back per micro-batch
             # would stall the GPU between its forward and backward passes.
             acc: dict[str, Any] = defaultdict(float)
-            for micro in batching.micro_batches(batch, rows):
+            for micro in progress.each(batching.micro_batches(batch, rows), f"updating the {prefix}", "micro-batches"):
                 if micro is None:
                     role.dummy_forward().backward()
                     continue
