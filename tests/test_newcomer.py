@@ -19,7 +19,7 @@ from rlcore.cli import main
 from rlcore.errors import UnknownComponentError, UsageError
 from rlcore.launching import RunDirLock
 from rlcore.testing.runs import run_cli, train_rows, write_run_manifest
-from rlcore.trainer.checkpoint import STATE_FILE, Checkpointer
+from rlcore.checkpoint import STATE_FILE, Checkpointer
 
 
 # ----------------------------------------------------------------------------- messages
