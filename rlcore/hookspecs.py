@@ -142,6 +142,37 @@ def rlcore_metrics_sinks() -> list:
 
 
 @hookspec
+def rlcore_score_shapers() -> list:
+    """Score shapers: objects with ``shape(trajectories, scores) -> (scores, metrics)``.
+
+    Enabled by a ``[shapers.<name>]`` table (its keys are the shaper's options); each runs, in
+    the manifest's order, on every generation round's scores before batch filters see them
+    (DAPO's overlong penalty). ``metrics`` (name -> float) are averaged over a step's rounds.
+
+    Example: ``Component(name="overlong", factory="rlcore_algo_dapo.shapers:build_overlong", options=OverlongOptions)``.
+    """
+
+
+@hookspec
+def rlcore_batch_filters() -> list:
+    """Batch filters: objects choosing what of a step's generations it trains on, with either or
+    both of two methods.
+
+    ``select(trajectories, scores, group_size) -> list[int]``: the groups of a round to keep (a
+    group is the ``group_size`` samples of one prompt); with ``max_rounds`` (an int attribute)
+    above 1 the trainer generates more rounds until the step holds one round's number of
+    groups, then pads with groups it left out (DAPO's dynamic sampling; metrics
+    ``dynamic_sampling/*``). ``loss_mask(trajectories) -> (keep, metrics)``: per trajectory,
+    whether its tokens count in the loss (DAPO's overlong filtering).
+
+    Enabled by a ``[filters.<name>]`` table (its keys are the filter's options), in the manifest's order.
+
+    Example: ``Component(name="dynamic_sampling", factory="rlcore_algo_dapo.filters:build_dynamic_sampling",
+    options=DynamicSamplingOptions, needs={"groups"})``.
+    """
+
+
+@hookspec
 def rlcore_commands() -> list:
     """Extra ``rlcore`` sub-commands: a list of :class:`rlcore.components.Command` records.
 

@@ -79,6 +79,13 @@ KINDS: tuple[Kind, ...] = (
          | _from("rlcore-launcher-skypilot", "skypilot")),
     Kind("metrics_sink", "rlcore_metrics_sinks", "receives the metrics of every step",
          "rlcore.interfaces:MetricsSink", table="loggers", named=True),
+    Kind("score_shaper", "rlcore_score_shapers", "changes a generation round's scores before batch filters see them",
+         "rlcore.interfaces:ScoreShaper", table="shapers", named=True,
+         kit="rlcore.testing.shaping:check_score_shaper", first_party=_from("rlcore-algo-dapo", "overlong")),
+    Kind("batch_filter", "rlcore_batch_filters", "chooses which groups, and which responses' tokens, a step trains on",
+         "rlcore.interfaces:BatchFilter", table="filters", named=True,
+         kit="rlcore.testing.shaping:check_batch_filter",
+         first_party=_from("rlcore-algo-dapo", "dynamic_sampling", "mask_truncated")),
 )
 
 BY_NAME: dict[str, Kind] = {kind.name: kind for kind in KINDS}

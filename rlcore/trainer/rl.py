@@ -125,6 +125,9 @@ class RLTrainer:
             startup_checks.critic_vocabulary(self.manifest, self.critic.module, self.tokenizer)
 
         context.tools = {s.role.split(".", 1)[1]: s.component.build(s.options, context) for s in self.manifest.roles("tools")}
+        # Score shapers and batch filters ([shapers.NAME], [filters.NAME]), in the manifest's order.
+        self.shapers = [s.component.build(s.options, context) for s in self.manifest.roles("shapers")]
+        self.filters = [s.component.build(s.options, context) for s in self.manifest.roles("filters")]
         engine = self._engine(context)
         if self.dist.sharded and not engine.shares_actor and cfg.model.lora is not None:
             raise UsageError(
@@ -167,12 +170,7 @@ class RLTrainer:
     def _scheduler(self, engine):
         """Rollout and training take turns, or rollouts run in the background ([rollout] max_staleness)."""
         staleness = self.cfg.rollout.max_staleness
-        algo = self.cfg.algorithm
-        filling = Filling(
-            dynamic_sampling=algo.dynamic_sampling, max_rounds=algo.max_generation_rounds,
-            overlong_buffer=algo.overlong_buffer, overlong_factor=algo.overlong_penalty,
-            max_response_tokens=self.cfg.data.max_response_tokens, score_chunks=self.cfg.rollout.score_chunks,
-        )
+        filling = Filling(shapers=self.shapers, filters=self.filters, score_chunks=self.cfg.rollout.score_chunks)
         maker = BatchMaker(self.scorer, self.tokenizer, self._step_inputs, filling)
         common = (self.rollout, maker, self.actor.weights_for_engine, self.step, self.cursor)
         if staleness is None:
@@ -402,10 +400,10 @@ class RLTrainer:
             # Group ids unique across ranks, however many groups each kept (dynamic sampling).
             per_rank = self.cfg.data.prompts_per_step // self.dist.world
             batch = build_batch(trajectories, scored.scores, params.n, group_offset=self.dist.rank * per_rank)
-            if algo.mask_truncated:
-                truncated = torch.tensor([t.finish_reason == "length" for t in trajectories])
-                batch.response_mask[truncated] = 0
-                metrics["response_length/masked_truncated"] = truncated.float().mean().item()
+            for loss_mask in (f for f in self.filters if hasattr(f, "loss_mask")):
+                keep, mask_metrics = loss_mask.loss_mask(trajectories)
+                batch.response_mask[torch.tensor([not k for k in keep], dtype=torch.bool)] = 0
+                metrics.update(mask_metrics)
             self.actor.module.train()
             # With one optimizer step per batch, the update's own forward pass runs on the current
             # weights, the PPO ratio's "old" policy: its detached log-probs are the old ones, at no
