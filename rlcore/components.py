@@ -52,6 +52,9 @@ class Component:
     selected_by: an option whose presence in a ``[tools.NAME]`` (or ``[loggers.NAME]``) table
                  selects this component when NAME itself is not a registered one: the ``function``
                  tool declares ``"function"``, so ``[tools.calculator] function = "..."`` uses it.
+    default:     this component is its kind's default, used when a manifest leaves the selecting
+                 key out (``[rollout] engine``): the core names no plugin's component itself. At
+                 most one installed component of a kind may declare it.
     kind, distribution, version: filled in by the registry, never by the plugin.
     """
 
@@ -62,6 +65,7 @@ class Component:
     needs: frozenset[str] = field(default_factory=frozenset)
     target_option: str = ""
     selected_by: str = ""
+    default: bool = False
     kind: str = ""
     distribution: str = ""
     version: str = ""

@@ -104,7 +104,9 @@ class DataTable(Table):
 class RolloutTable(Table):
     model_config = ConfigDict(extra="allow")
 
-    engine: str = Field("hf", description="a registered rollout engine")
+    engine: str | None = Field(
+        None, description="a registered rollout engine (left out: the installed one marked default, rlcore-rollout-hf's hf)"
+    )
     samples_per_prompt: int = Field(1, ge=1)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -168,7 +170,9 @@ class RewardTable(Table):
 class AlgorithmTable(Table):
     model_config = ConfigDict(extra="allow")
 
-    advantage: str = Field("grpo", description="a registered advantage estimator")
+    advantage: str | None = Field(
+        None, description="a registered advantage estimator (left out: the installed one marked default, grpo)"
+    )
     policy_loss: str = Field("ppo_clip", description="a registered policy loss")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
         "token-mean",
