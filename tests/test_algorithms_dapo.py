@@ -1,5 +1,5 @@
-"""DAPO's pieces (the rlcore-algo-dapo plugin, through the score-shaper and batch-filter seams)
-against hand-computed values, the batch refill of dynamic sampling, the retired [algorithm] keys,
+"""DAPO's pieces (the rlcore-algo-dapo plugin) through the core's score-shaper and batch-filter
+seams: the batch refill of dynamic sampling, the retired [algorithm] keys,
 and an end-to-end run of examples/dapo.toml on a tiny model."""
 
 from __future__ import annotations
@@ -17,25 +17,11 @@ dapo = pytest.importorskip("rlcore_algo_dapo")
 
 from rlcore_algo_dapo.filters import DynamicSampling  # noqa: E402
 from rlcore_algo_dapo.shapers import Overlong  # noqa: E402
-from rlcore_algo_dapo.shaping import informative_groups, overlong_penalty  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_overlong_penalty_by_hand():
-    # max 20 tokens, a buffer of 4: free up to 16, then -0.25 a token down to -1 at 20.
-    assert [overlong_penalty(n, 20, 4) for n in (1, 16, 17, 18, 19, 20, 25)] == [0, 0, -0.25, -0.5, -0.75, -1, -1]
-    assert overlong_penalty(18, 20, 4, factor=0.5) == -0.25
-    assert overlong_penalty(20, 20, 0) == 0  # off
-
-
-def test_informative_groups_by_hand():
-    scores = [1, 1, 0, 1, 0, 0, 0.5, 0.5000001]
-    assert informative_groups(scores, 2) == [1, 3]
-    assert informative_groups(scores, 4) == [0, 1]
-    assert informative_groups([1, 1, 1], 1) == []
-    with pytest.raises(ValueError, match="do not split into groups of 3"):
-        informative_groups(scores, 3)
+# The pure functions (overlong_penalty, informative_groups) are checked by hand in the plugin's own tests.
 
 
 class Rounds:

@@ -34,6 +34,7 @@ def test_informative_groups_by_hand():
     scores = [1, 1, 0, 1, 0, 0, 0.5, 0.5000001]
     assert informative_groups(scores, 2) == [1, 3]
     assert informative_groups(scores, 4) == [0, 1]
+    assert informative_groups([1, 1, 1], 1) == []
     with pytest.raises(ValueError, match="do not split into groups of 3"):
         informative_groups(scores, 3)
 
