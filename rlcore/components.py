@@ -9,7 +9,7 @@ that provided it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -17,9 +17,13 @@ from rlcore import kinds as _kinds
 
 
 class Options(BaseModel):
-    """Base for a component's manifest options: unknown keys are rejected."""
+    """Base for a component's manifest options: unknown keys are rejected.
+
+    ``memory_options`` (a class attribute) names the options that bound the memory the component
+    takes, for out-of-memory messages (an engine's batch size or memory fraction)."""
 
     model_config = ConfigDict(extra="forbid")
+    memory_options: ClassVar[tuple[str, ...]] = ()
 
 
 class NoOptions(Options):

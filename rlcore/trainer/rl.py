@@ -37,7 +37,7 @@ from rlcore.trainer.distributed import Distributed
 from rlcore.trainer.metrics import merge_metrics
 from rlcore.trainer.flops import mfu, peak_tflops
 from rlcore.trainer.lora import adapter_spec, takes_adapters
-from rlcore.trainer.phases import MemoryHistory, Timer, profiled
+from rlcore.trainer.phases import MemoryHistory, Timer, generation_knobs, profiled
 from rlcore.trainer.reference import build_reference
 from rlcore.trainer.rollout import Rollout
 from rlcore.trainer.filling import BatchMaker, Filling
@@ -140,6 +140,8 @@ class RLTrainer:
             self.actor.engine_lora = adapter_spec(self.actor.module)
             logger.info("LoRA: the engine receives the adapters alone at each weight sync (rank {})", cfg.model.lora.rank)
         self.rollout = Rollout(engine, self._build("agent.loop", context), self.actor)
+        selected = self.manifest.component("rollout.engine")
+        self._memory_knobs = {"gen": generation_knobs(selected.component.name, selected.component.options)}
         self._load_data()
 
         if checkpoint is not None:
@@ -388,7 +390,7 @@ class RLTrainer:
 
     def train_step(self) -> dict[str, Any]:
         algo = self.cfg.algorithm
-        timer = Timer(self.memory_history)
+        timer = Timer(self.memory_history, knobs=self._memory_knobs)
         metrics: dict[str, Any] = {}
         with timer("step"):
             scored = self.scheduler.next_batch(timer)
