@@ -3,5 +3,5 @@
 from rlcore.components import Component, NoOptions, Options
 from rlcore.hookspecs import hookimpl
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["Component", "NoOptions", "Options", "hookimpl", "__version__"]

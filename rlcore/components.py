@@ -9,7 +9,7 @@ that provided it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -17,9 +17,13 @@ from rlcore import kinds as _kinds
 
 
 class Options(BaseModel):
-    """Base for a component's manifest options: unknown keys are rejected."""
+    """Base for a component's manifest options: unknown keys are rejected.
+
+    ``memory_options`` (a class attribute) names the options that bound the memory the component
+    takes, for out-of-memory messages (an engine's batch size or memory fraction)."""
 
     model_config = ConfigDict(extra="forbid")
+    memory_options: ClassVar[tuple[str, ...]] = ()
 
 
 class NoOptions(Options):
@@ -52,6 +56,9 @@ class Component:
     selected_by: an option whose presence in a ``[tools.NAME]`` (or ``[loggers.NAME]``) table
                  selects this component when NAME itself is not a registered one: the ``function``
                  tool declares ``"function"``, so ``[tools.calculator] function = "..."`` uses it.
+    default:     this component is its kind's default, used when a manifest leaves the selecting
+                 key out (``[rollout] engine``): the core names no plugin's component itself. At
+                 most one installed component of a kind may declare it.
     kind, distribution, version: filled in by the registry, never by the plugin.
     """
 
@@ -62,6 +69,7 @@ class Component:
     needs: frozenset[str] = field(default_factory=frozenset)
     target_option: str = ""
     selected_by: str = ""
+    default: bool = False
     kind: str = ""
     distribution: str = ""
     version: str = ""

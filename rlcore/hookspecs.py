@@ -160,6 +160,18 @@ def rlcore_data_sources() -> list:
 
 
 @hookspec
+def rlcore_score_shapers() -> list:
+    """Score shapers: objects with ``shape(trajectories, scores) -> (scores, metrics)``.
+
+    Enabled by a ``[shapers.<name>]`` table (its keys are the shaper's options); each runs, in
+    the manifest's order, on every generation round's scores before batch filters see them
+    (DAPO's overlong penalty). ``metrics`` (name -> float) are averaged over a step's rounds.
+
+    Example: ``Component(name="overlong", factory="rlcore_algo_dapo.shapers:build_overlong", options=OverlongOptions)``.
+    """
+
+
+@hookspec
 def rlcore_eval_harnesses() -> list:
     """Evaluation harnesses: objects with ``run(policy, output_dir) -> dict`` (a JSON-able report,
     with its ``"table"``, the harness's own text report), where ``policy`` is an
@@ -170,6 +182,25 @@ def rlcore_eval_harnesses() -> list:
     ``tasks`` and ``--harness-option KEY=VALUE`` the others, validated by the record's ``options``.
 
     Example: ``Component(name="lm_eval", factory="rlcore_lm_eval.harness:build", options=LmEvalOptions)``.
+    """
+
+
+@hookspec
+def rlcore_batch_filters() -> list:
+    """Batch filters: objects choosing what of a step's generations it trains on, with either or
+    both of two methods.
+
+    ``select(trajectories, scores, group_size) -> list[int]``: the groups of a round to keep (a
+    group is the ``group_size`` samples of one prompt); with ``max_rounds`` (an int attribute)
+    above 1 the trainer generates more rounds until the step holds one round's number of
+    groups, then pads with groups it left out (DAPO's dynamic sampling; metrics
+    ``dynamic_sampling/*``). ``loss_mask(trajectories) -> (keep, metrics)``: per trajectory,
+    whether its tokens count in the loss (DAPO's overlong filtering).
+
+    Enabled by a ``[filters.<name>]`` table (its keys are the filter's options), in the manifest's order.
+
+    Example: ``Component(name="dynamic_sampling", factory="rlcore_algo_dapo.filters:build_dynamic_sampling",
+    options=DynamicSamplingOptions, needs={"groups"})``.
     """
 
 

@@ -259,6 +259,24 @@ class Launcher(Protocol):
         """Run (or submit and follow) the driver; return the process exit code."""
 
 
+class ScoreShaper(Protocol):
+    def shape(self, trajectories: list[Trajectory], scores: list[float]) -> tuple[list[float], dict[str, float]]:
+        """A round's scores, changed (one per trajectory, in order), and metrics of the change."""
+
+
+class BatchFilter(Protocol):
+    """Implements ``select`` (groups to keep; ``max_rounds`` rounds to fill a step), ``loss_mask``
+    (trajectories whose tokens count in the loss), or both (see ``rlcore_batch_filters``)."""
+
+    max_rounds: int
+
+    def select(self, trajectories: list[Trajectory], scores: list[float], group_size: int) -> list[int]:
+        """Indices of the groups of a round to keep."""
+
+    def loss_mask(self, trajectories: list[Trajectory]) -> tuple[list[bool], dict[str, float]]:
+        """Per trajectory whether its tokens count in the loss, and metrics."""
+
+
 class MetricsSink(Protocol):
     """Where metrics go. ``log_samples(rows, step)`` is optional: validation samples
     (``[trainer] log_val_generations``), each row a dict of step, data_source, prompt, response, score."""

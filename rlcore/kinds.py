@@ -88,6 +88,13 @@ KINDS: tuple[Kind, ...] = (
     Kind("data_source", "rlcore_data_sources",
          "rows of prompts named by a prefix in [data] train/val (synthetic:, reasoning_gym:)",
          "rlcore.interfaces:DataSource", first_party=_from("rlcore-reasoning-gym", "reasoning_gym")),
+    Kind("score_shaper", "rlcore_score_shapers", "changes a generation round's scores before batch filters see them",
+         "rlcore.interfaces:ScoreShaper", table="shapers", named=True,
+         kit="rlcore.testing.shaping:check_score_shaper", first_party=_from("rlcore-algo-dapo", "overlong")),
+    Kind("batch_filter", "rlcore_batch_filters", "chooses which groups, and which responses' tokens, a step trains on",
+         "rlcore.interfaces:BatchFilter", table="filters", named=True,
+         kit="rlcore.testing.shaping:check_batch_filter",
+         first_party=_from("rlcore-algo-dapo", "dynamic_sampling", "mask_truncated")),
 )
 
 BY_NAME: dict[str, Kind] = {kind.name: kind for kind in KINDS}

@@ -1,5 +1,6 @@
-"""DAPO's pieces against hand-computed values, the batch refill of dynamic sampling, and an
-end-to-end run of examples/dapo.toml on a tiny model."""
+"""DAPO's pieces (the rlcore-algo-dapo plugin) through the core's score-shaper and batch-filter
+seams: the batch refill of dynamic sampling, the retired [algorithm] keys,
+and an end-to-end run of examples/dapo.toml on a tiny model."""
 
 from __future__ import annotations
 
@@ -8,28 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from rlcore.algorithms.shaping import informative_groups, overlong_penalty
 from rlcore.interfaces import Prompt, SamplingParams, Trajectory
 from rlcore.trainer.data_cursor import DataCursor
 from rlcore.trainer.filling import BatchMaker, Filling
 
+dapo = pytest.importorskip("rlcore_algo_dapo")
+
+from rlcore_algo_dapo.filters import DynamicSampling  # noqa: E402
+from rlcore_algo_dapo.shapers import Overlong  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_overlong_penalty_by_hand():
-    # max 20 tokens, a buffer of 4: free up to 16, then -0.25 a token down to -1 at 20.
-    assert [overlong_penalty(n, 20, 4) for n in (1, 16, 17, 18, 19, 20, 25)] == [0, 0, -0.25, -0.5, -0.75, -1, -1]
-    assert overlong_penalty(18, 20, 4, factor=0.5) == -0.25
-    assert overlong_penalty(20, 20, 0) == 0  # off
-
-
-def test_informative_groups_by_hand():
-    scores = [1, 1, 0, 1, 0, 0, 0.5, 0.5000001]
-    assert informative_groups(scores, 2) == [1, 3]
-    assert informative_groups(scores, 4) == [0, 1]
-    assert informative_groups([1, 1, 1], 1) == []
-    with pytest.raises(ValueError, match="do not split into groups of 3"):
-        informative_groups(scores, 3)
+# The pure functions (overlong_penalty, informative_groups) are checked by hand in the plugin's own tests.
 
 
 class Rounds:
@@ -57,10 +49,14 @@ def _maker(fake, **filling):
     return BatchMaker(fake, None, fake.inputs, Filling(**filling))
 
 
+def _rounds(n: int) -> list:
+    return [DynamicSampling(n)]
+
+
 def test_dynamic_sampling_refills_the_batch_with_informative_groups():
     fake = Rounds(informative={1, 2, 3})
     cursor = DataCursor(size=100, seed=0, shuffle=False)
-    batch = _maker(fake, dynamic_sampling=True, max_rounds=5).make(fake.generate, 0, cursor, 0)
+    batch = _maker(fake, filters=_rounds(5)).make(fake.generate, 0, cursor, 0)
     # Round 1: prompts 0, 1 (0 is uniform, dropped); round 2: 2, 3 -> 3 groups, 2 wanted.
     assert [p.index for p in batch.prompts] == [1, 2]
     assert len(batch.trajectories) == 4 and batch.scores == [0.0, 1.0, 0.0, 1.0]
@@ -73,7 +69,7 @@ def test_dynamic_sampling_refills_the_batch_with_informative_groups():
 def test_dynamic_sampling_stops_at_its_cap_and_trains_on_what_it_has():
     fake = Rounds(informative={5})
     cursor = DataCursor(size=100, seed=0, shuffle=False)
-    batch = _maker(fake, dynamic_sampling=True, max_rounds=3).make(fake.generate, 0, cursor, 0)
+    batch = _maker(fake, filters=_rounds(3)).make(fake.generate, 0, cursor, 0)
     # Three rounds (prompts 0-5), one informative group; the batch keeps its size with a uniform one.
     assert len(fake.calls) == 3 and [p.index for p in batch.prompts] == [5, 0]
     assert batch.metrics["dynamic_sampling/rounds"] == 3 and batch.metrics["dynamic_sampling/groups_dropped"] == 5
@@ -82,7 +78,7 @@ def test_dynamic_sampling_stops_at_its_cap_and_trains_on_what_it_has():
 
 def test_overlong_punishment_is_added_to_the_scores():
     fake = Rounds(informative=set())
-    batch = _maker(fake, overlong_buffer=2, max_response_tokens=4).make(fake.generate, 0, DataCursor(10, 0, False), 0)
+    batch = _maker(fake, shapers=[Overlong(buffer=2, penalty=1.0, max_response_tokens=4)]).make(fake.generate, 0, DataCursor(10, 0, False), 0)
     # Responses of 3 and 4 tokens, max 4, buffer 2: penalties -0.5 and -1 on a score of 1.
     assert batch.scores == [0.5, 0.0, 0.5, 0.0]
     assert batch.metrics["reward/overlong_penalty/mean"] == -0.75
@@ -94,9 +90,9 @@ def test_the_dapo_example_runs_end_to_end_on_a_tiny_model(tmp_path, tiny_model):
     from rlcore.testing.runs import TINY_RUN, read_metrics, write_run_manifest
 
     doc = tomllib.loads((ROOT / "examples" / "dapo.toml").read_text())
-    algorithm = doc["algorithm"] | {"overlong_buffer": 4, "mask_truncated": True}
     manifest = write_run_manifest(
-        tmp_path, tiny_model, algorithm=algorithm, rollout={"samples_per_prompt": 4, "temperature": 1.0},
+        tmp_path, tiny_model, algorithm=doc["algorithm"], rollout={"samples_per_prompt": 4, "temperature": 1.0},
+        filters=doc["filters"] | {"mask_truncated": {}}, shapers={"overlong": {"buffer": 4}},
         data={"max_response_tokens": 8, "prompts_per_step": 4}, trainer={"steps": 2, "lr": 1e-3},
         reward=TINY_RUN["reward"],
     )
@@ -111,3 +107,39 @@ def test_the_dapo_example_runs_end_to_end_on_a_tiny_model(tmp_path, tiny_model):
     assert all(r["reward/overlong_penalty/mean"] <= 0 for r in rows)
     # Responses cut at max_response_tokens are out of the loss: as many as were cut.
     assert all(r["response_length/masked_truncated"] == r["response_length/clip_ratio"] for r in rows)
+
+
+def _dapo_text() -> str:
+    """examples/dapo.toml on synthetic data (its GSM8K files need preparing)."""
+    text = (ROOT / "examples" / "dapo.toml").read_text()
+    return text.replace('"../data/gsm8k/train.parquet"', '"synthetic:addition"').replace(
+        '"../data/gsm8k/test.parquet"', '"synthetic:addition?split=test"')
+
+
+@pytest.mark.parametrize("key, table", [("dynamic_sampling", "[filters.dynamic_sampling]"),
+                                        ("max_generation_rounds", "[filters.dynamic_sampling]"),
+                                        ("overlong_buffer", "[shapers.overlong]"), ("overlong_penalty", "[shapers.overlong]"),
+                                        ("mask_truncated", "[filters.mask_truncated]")])
+def test_the_old_algorithm_keys_name_their_new_table(tmp_path, key, table):
+    from rlcore.errors import ManifestError
+    from rlcore.manifest.loader import load_manifest
+
+    text = _dapo_text().replace("mini_batches = 4", f"mini_batches = 4\n{key} = 1")
+    path = tmp_path / "dapo.toml"
+    path.write_text(text)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path, environ={})
+    problem = next(p for p in info.value.problems if p.key == f"algorithm.{key}")
+    assert table in problem.message and "rlcore-algo-dapo" in problem.message
+    assert problem.line == text.splitlines().index(f"{key} = 1") + 1
+
+
+def test_dynamic_sampling_needs_groups(tmp_path):
+    from rlcore.errors import ManifestError
+    from rlcore.manifest.checks import check_resolved
+    from rlcore.manifest.loader import load_manifest
+
+    path = tmp_path / "dapo.toml"
+    path.write_text(_dapo_text().replace("samples_per_prompt = 8", "samples_per_prompt = 1"))
+    with pytest.raises(ManifestError, match=r"batch filter 'dynamic_sampling' compares samples of one prompt"):
+        check_resolved(load_manifest(path, environ={}))

@@ -250,3 +250,25 @@ def test_the_command_line_override_is_named_over_the_environment(tmp_path, toy_r
     with pytest.raises(ManifestError) as info:
         load_manifest(path, ["trainer.steps=-2"], registry=toy_registry, environ={"RLCORE_TRAINER__STEPS": "0"})
     assert "(from an override: --set trainer.steps=-2)" in info.value.problems[0].message
+
+
+def test_a_left_out_selector_takes_the_installed_default_and_the_core_names_none(tmp_path, toy_registry):
+    from rlcore.manifest.schema import AlgorithmTable, RolloutTable
+    from rlcore.registry import Registry
+
+    assert RolloutTable.model_fields["engine"].default is None and AlgorithmTable.model_fields["advantage"].default is None
+    path = tmp_path / "m.toml"
+    path.write_text(VALID.replace('engine = "toy"\n', "").replace('advantage = "group"\n', ""))
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path, registry=toy_registry, environ={})
+    problems = {p.key: p.message for p in info.value.problems}
+    assert "no installed rollout engine is marked default (installed: gpu_toy, toy)" in problems["rollout.engine"]
+    assert "no installed advantage estimator is marked default" in problems["algorithm.advantage"]
+    # The installed first-party plugins mark theirs: the hf engine and the grpo estimator.
+    path.write_text(VALID.replace('engine = "toy"\n', "").replace('advantage = "group"\n', "")
+                    .replace('function = "match"', 'function = "python:r.py:score"').replace('policy_loss = "clipped"', ""))
+    (tmp_path / "r.py").write_text("def score(item):\n    return 0.0\n")
+    manifest = load_manifest(path, registry=Registry.discover(), environ={})
+    assert manifest.component("rollout.engine").component.name == "hf"
+    assert manifest.component("algorithm.advantage").component.name == "grpo"
+    assert manifest.resolved_dict()["rollout"]["engine"] == "hf"

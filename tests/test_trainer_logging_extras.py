@@ -66,7 +66,18 @@ def test_out_of_memory_names_the_phase_and_the_knob():
     with pytest.raises(OutOfMemory, match=r"out of GPU memory in the 'update_actor' phase .*micro_batch_tokens"):
         with timer("step"), timer("update_actor"):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    with pytest.raises(OutOfMemory, match=r"'gen' phase .*max_batch_size \(hf\), gpu_memory_utilization"):
+    with pytest.raises(OutOfMemory, match=r"'gen' phase .*the engine's batch or memory options"):
         with timer.phase("gen"):
+            raise torch.OutOfMemoryError("CUDA out of memory")
+    # The run's engine names its own options (its options model's memory_options); the core names none.
+    from rlcore.components import Options
+    from rlcore.trainer.phases import generation_knobs
+
+    class EngineOptions(Options):
+        memory_options = ("kv_cache_gb",)
+
+    knowing = Timer(knobs={"gen": generation_knobs("toy", EngineOptions)})
+    with pytest.raises(OutOfMemory, match=r"lower \[rollout\] kv_cache_gb \(the toy engine's\) or \[data\] max_response_tokens"):
+        with knowing.phase("gen"):
             raise torch.OutOfMemoryError("CUDA out of memory")
     assert "timing_s/update_actor" in timer.times  # timed even when it failed

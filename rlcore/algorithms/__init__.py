@@ -13,7 +13,6 @@ factory such as ``rlcore.algorithms.losses:build_ppo_clip`` costs nothing until 
 - :mod:`~rlcore.algorithms.importance`: the rollout/trainer log-prob gap, measured and corrected.
 - :mod:`~rlcore.algorithms.returns`: per-token discounted returns and group statistics.
 - :mod:`~rlcore.algorithms.value`: the critic model and its clipped value loss.
-- :mod:`~rlcore.algorithms.shaping`: DAPO's overlong punishment and informative groups.
 """
 
 from __future__ import annotations
@@ -51,8 +50,6 @@ _EXPORTS = {
     "group_stats": "returns",
     "CriticModel": "value",
     "clipped_value_loss": "value",
-    "overlong_penalty": "shaping",
-    "informative_groups": "shaping",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -22,13 +22,16 @@ def check_resolved(manifest: ResolvedManifest) -> list[str]:
     def problem(key: str, message: str) -> None:
         problems.append(Problem(key, message, line_of(lines, key), str(manifest.path)))
 
-    advantage = manifest.selected.get("algorithm.advantage")
-    if advantage and "groups" in advantage.component.needs and core.rollout.samples_per_prompt < 2:
-        problem(
-            "rollout.samples_per_prompt",
-            f"advantage estimator {advantage.component.name!r} compares samples of one prompt, so with "
-            f"samples_per_prompt = {core.rollout.samples_per_prompt} every advantage would be zero; use 2 or more",
-        )
+    for role, chosen in manifest.selected.items():  # a component comparing the samples of one prompt
+        if "groups" in chosen.component.needs and core.rollout.samples_per_prompt < 2:
+            what = f"{chosen.component.kind.replace('_', ' ')} {chosen.component.name!r}"
+            then = "every advantage would be zero" if chosen.component.kind == "advantage_estimator" else \
+                f"it has nothing to compare ([{role}])"
+            problem(
+                "rollout.samples_per_prompt",
+                f"{what} compares samples of one prompt, so with samples_per_prompt = "
+                f"{core.rollout.samples_per_prompt} {then}; use 2 or more",
+            )
     if core.model.dtype != "float32":
         warnings.append(
             f"model.dtype = {core.model.dtype!r} stores the trainable weights and optimizer state in {core.model.dtype}: "

@@ -330,7 +330,7 @@ def _flatten(values: Any, prefix: str) -> list[str]:
 
 def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry: Registry) -> ResolvedManifest:
     base_dir = path.parent
-    doc = _without_retired(doc, col)
+    doc = _with_plugin_defaults(_without_retired(doc, col), col, registry)
     core_doc = copy.deepcopy(doc)
     extras: dict[str, dict[str, Any]] = {}
 
@@ -439,6 +439,34 @@ def _validate_data_sources(col: _Collector, registry: Registry, doc: dict[str, A
             problem = check_source(parsed, registry)
             if problem:
                 col.add(f"data.{key}", problem)
+
+
+def _with_plugin_defaults(doc: dict[str, Any], col: _Collector, registry: Registry) -> dict[str, Any]:
+    """``doc`` with each selecting key that the core gives no default (``[rollout] engine``,
+    ``[algorithm] advantage``) and the manifest leaves out set to the installed component marked
+    ``default``, so the resolved manifest names it. None installed, or several: a problem."""
+    out = doc
+    for table, selectors in COMPONENT_TABLES.items():
+        if table in doc and not isinstance(doc[table], dict):
+            continue  # phase 1 reports it
+        model = Manifest.model_fields[table].annotation
+        for field_name, kind in selectors:
+            if model.model_fields[field_name].default is not None or field_name in doc.get(table, {}):  # type: ignore[union-attr]
+                continue
+            defaults = [c for c in registry.components(kind).values() if c.default]
+            if len(defaults) == 1:
+                if out is doc:
+                    out = copy.copy(doc)
+                out[table] = {**out.get(table, {}), field_name: defaults[0].name}
+                continue
+            what = kind.replace("_", " ")
+            if defaults:
+                said = f"several installed {what}s are marked default ({', '.join(sorted(c.name for c in defaults))})"
+            else:
+                installed = sorted(registry.components(kind))
+                said = f"no installed {what} is marked default (installed: {', '.join(installed) or 'none'})"
+            col.add(f"{table}.{field_name}", f"required key is missing: {said}; name one")
+    return out
 
 
 def _check_steps(col: _Collector, doc: dict[str, Any]) -> None:

@@ -109,7 +109,9 @@ class DataTable(Table):
 class RolloutTable(Table):
     model_config = ConfigDict(extra="allow")
 
-    engine: str = Field("hf", description="a registered rollout engine")
+    engine: str | None = Field(
+        None, description="a registered rollout engine (left out: the installed one marked default, rlcore-rollout-hf's hf)"
+    )
     samples_per_prompt: int = Field(1, ge=1)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -173,7 +175,9 @@ class RewardTable(Table):
 class AlgorithmTable(Table):
     model_config = ConfigDict(extra="allow")
 
-    advantage: str = Field("grpo", description="a registered advantage estimator")
+    advantage: str | None = Field(
+        None, description="a registered advantage estimator (left out: the installed one marked default, grpo)"
+    )
     policy_loss: str = Field("ppo_clip", description="a registered policy loss")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
         "token-mean",
@@ -200,23 +204,6 @@ class AlgorithmTable(Table):
     rollout_is_threshold: float = Field(2.0, ge=1.0, description="upper bound of the importance ratio (rollout_correction)")
     rollout_is_threshold_lower: float | None = Field(
         None, gt=0.0, le=1.0, description="mask modes: lower bound of the ratio; default 1 / rollout_is_threshold"
-    )
-
-    dynamic_sampling: bool = Field(
-        False,
-        description="DAPO: leave out prompts whose samples all scored the same (nothing to learn from) and generate "
-        "more prompts until the step holds prompts_per_step groups, or max_generation_rounds rounds ran",
-    )
-    max_generation_rounds: int = Field(3, ge=1, le=64, description="dynamic sampling: generation rounds a step at most")
-    overlong_buffer: int = Field(
-        0,
-        ge=0,
-        description="DAPO soft overlong punishment: over the last this many tokens before data.max_response_tokens, "
-        "the score falls linearly by up to overlong_penalty (0 = off)",
-    )
-    overlong_penalty: float = Field(1.0, ge=0.0, description="the largest overlong punishment (at max_response_tokens)")
-    mask_truncated: bool = Field(
-        False, description="leave responses cut at data.max_response_tokens out of the loss (DAPO's overlong filtering)"
     )
 
 
@@ -319,21 +306,13 @@ class Manifest(Table):
     agent: AgentTable = Field(default_factory=AgentTable)
     tools: dict[str, dict] = Field(default_factory=dict, description="[tools.<name>] tables: options of each tool")
     loggers: dict[str, dict] = Field(default_factory=dict, description="[loggers.<name>] tables: options of each sink")
+    shapers: dict[str, dict] = Field(
+        default_factory=dict, description="[shapers.<name>] tables: score shapers, each round's scores (overlong)"
+    )
+    filters: dict[str, dict] = Field(
+        default_factory=dict, description="[filters.<name>] tables: batch filters (dynamic_sampling, mask_truncated)"
+    )
     launcher: LauncherTable = Field(default_factory=LauncherTable)
-
-    @model_validator(mode="after")
-    def _dapo_fits(self) -> "Manifest":
-        if self.algorithm.overlong_buffer > self.data.max_response_tokens:
-            raise ValueError(
-                f"algorithm.overlong_buffer = {self.algorithm.overlong_buffer} is longer than data.max_response_tokens = "
-                f"{self.data.max_response_tokens}; the buffer is the last part of the response length"
-            )
-        if self.algorithm.dynamic_sampling and self.rollout.samples_per_prompt < 2:
-            raise ValueError(
-                "algorithm.dynamic_sampling keeps groups whose samples scored differently, so it needs "
-                f"rollout.samples_per_prompt of 2 or more (it is {self.rollout.samples_per_prompt})"
-            )
-        return self
 
     @model_validator(mode="after")
     def _correct_stale_batches(self) -> "Manifest":
@@ -347,7 +326,13 @@ class Manifest(Table):
 
 # Keys rlcore had and no longer has: dotted key -> what to write instead. A manifest giving one is
 # refused with this message at the key's line, rather than told the key is unknown.
+_DAPO = "(plugin rlcore-algo-dapo)"
 RETIRED_KEYS: dict[str, str] = {
+    "algorithm.dynamic_sampling": f"moved to its own table: [filters.dynamic_sampling] {_DAPO}",
+    "algorithm.max_generation_rounds": f"moved: max_generation_rounds = N in [filters.dynamic_sampling] {_DAPO}",
+    "algorithm.overlong_buffer": f"moved: buffer = N in [shapers.overlong] {_DAPO}",
+    "algorithm.overlong_penalty": f"moved: penalty = X in [shapers.overlong] {_DAPO}",
+    "algorithm.mask_truncated": f"moved to its own table: [filters.mask_truncated] {_DAPO}",
     "algorithm.tis_cap": 'was removed: tis_cap = C is rollout_correction = "token_truncate" with '
     "rollout_is_threshold = C (one code path for the truncated importance weights)",
 }

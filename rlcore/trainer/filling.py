@@ -1,6 +1,8 @@
-"""How one step's batch is filled: its prompts from a data cursor, generated and scored, over
-one round or several (DAPO's dynamic sampling), with the overlong punishment added to the scores.
-Every scheduler fills batches this way, in whatever thread it generates in."""
+"""How one step's batch is filled: its prompts from a data cursor, generated and scored, the
+scores changed by the manifest's score shapers (``[shapers.NAME]``), the groups chosen by its
+batch filters (``[filters.NAME]``), over one round or several when a filter asks for more (DAPO's
+dynamic sampling, in the rlcore-algo-dapo plugin). Every scheduler fills batches this way, in
+whatever thread it generates in."""
 
 from __future__ import annotations
 
@@ -36,21 +38,26 @@ class ScoredBatch:
 
 @dataclass
 class Filling:
-    """How a step's batch is filled beyond "generate once, score" (DAPO's recipe):
-    ``dynamic_sampling`` keeps only groups whose scores differ and generates more prompts, up to
-    ``max_rounds`` rounds, until the step holds as many groups as one round's prompts (then pads
-    with uniform groups, which teach nothing but keep the batch's size); the soft
-    overlong punishment (``overlong_buffer`` tokens before ``max_response_tokens``, down to
-    ``-overlong_factor``) is added to each score first. ``score_chunks`` above 1 generates a round's
-    prompts in that many chunks and scores each while the next one generates (the reward's
-    workers are other processes, or a reward model's own device), instead of all after all."""
+    """How a step's batch is filled beyond "generate once, score": ``shapers`` (score shapers)
+    change each round's scores, in order; ``filters`` (batch filters with ``select``) keep the
+    groups every one of them selects, and the largest ``max_rounds`` among them is how many
+    rounds a step may generate until it holds as many groups as one round's prompts (then it pads
+    with groups left out, which keep the batch's size). ``score_chunks`` above 1 generates a
+    round's prompts in that many chunks and scores each while the next one generates (the
+    reward's workers are other processes, or a reward model's own device), instead of all after
+    all."""
 
-    dynamic_sampling: bool = False
-    max_rounds: int = 1
-    overlong_buffer: int = 0
-    overlong_factor: float = 1.0
-    max_response_tokens: int = 0
+    shapers: list[Any] = field(default_factory=list)
+    filters: list[Any] = field(default_factory=list)
     score_chunks: int = 1  # generate a round in this many chunks, each scored while the next generates
+
+    @property
+    def selecting(self) -> list[Any]:
+        return [f for f in self.filters if hasattr(f, "select")]
+
+    @property
+    def max_rounds(self) -> int:
+        return max((int(getattr(f, "max_rounds", 1)) for f in self.selecting), default=1)
 
 
 class BatchMaker:
@@ -66,7 +73,8 @@ class BatchMaker:
         ``cursor`` advances past every round's prompts. ``phase(name)`` wraps generation and
         scoring (the trainer's timer: labels, memory, out-of-memory messages)."""
         f = self.filling
-        rounds = f.max_rounds if f.dynamic_sampling else 1
+        selecting = f.selecting
+        rounds = f.max_rounds
         kept: list[tuple[Prompt, list[Trajectory], list[float]]] = []
         spare: list[tuple[Prompt, list[Trajectory], list[float]]] = []  # uniform groups, for padding
         metrics: dict[str, list[float]] = {}
@@ -84,21 +92,19 @@ class BatchMaker:
             )
             gen_s += generating
             reward_s += waiting
-            if f.overlong_buffer:
-                from rlcore.algorithms.shaping import overlong_penalty
-
-                penalties = [overlong_penalty(len(t.response_ids), f.max_response_tokens, f.overlong_buffer, f.overlong_factor)
-                             for t in trajectories]
-                scores = [s + p for s, p in zip(scores, penalties)]
-                round_metrics["reward/overlong_penalty/mean"] = sum(penalties) / max(len(penalties), 1)
+            for shaper in f.shapers:
+                scores, shaped = shaper.shape(trajectories, scores)
+                scores = list(scores)
+                round_metrics.update(shaped)
             for key, value in round_metrics.items():
                 metrics.setdefault(key, []).append(value)
             n = round_params.n
             groups = range(len(prompts))
-            if f.dynamic_sampling:
-                from rlcore.algorithms.shaping import informative_groups
-
-                groups = informative_groups(scores, n)
+            if selecting:
+                chosen = set(groups)
+                for selector in selecting:
+                    chosen &= set(selector.select(trajectories, scores, n))
+                groups = sorted(chosen)
                 dropped += len(prompts) - len(groups)
                 spare.extend((prompts[g], trajectories[g * n : (g + 1) * n], scores[g * n : (g + 1) * n])
                              for g in range(len(prompts)) if g not in groups)
@@ -109,7 +115,7 @@ class BatchMaker:
         kept = kept[:wanted]
         out = {k: (sum(v) if k == "reward/time_s" else sum(v) / len(v)) for k, v in metrics.items()}
         out.update({"timing_s/gen": gen_s, "timing_s/reward": reward_s})
-        if f.dynamic_sampling:
+        if selecting:
             # Out of rounds: fill up with groups that teach nothing (zero advantages), so the
             # batch keeps its size (and every rank the same mini-batches).
             padded = spare[: wanted - len(kept)]

@@ -17,8 +17,9 @@ import torch
 from rlcore.errors import RlcoreError
 
 # Where memory goes in each phase, and what frees it.
+# The generation phase's come from the engine (its options' ``memory_options``): see generation_knobs.
 _KNOBS = {
-    "gen": "[rollout] max_batch_size (hf), gpu_memory_utilization (vllm, sglang) or [data] max_response_tokens",
+    "gen": "the engine's batch or memory options in [rollout], or [data] max_response_tokens",
     "reward": "the reward's own batch size (a reward model) or [reward] workers",
 }
 _TRAINING_KNOBS = ("[trainer] micro_batch_tokens (the tokens of one forward/backward row), [model] "
@@ -34,10 +35,11 @@ class Timer:
     CUDA, its peak memory to ``perf/max_memory_allocated_gb/update_actor`` (and reserved). With a
     ``history`` that is recording, an out-of-memory error first writes its snapshot and names it."""
 
-    def __init__(self, history: MemoryHistory | None = None) -> None:
+    def __init__(self, history: MemoryHistory | None = None, knobs: dict[str, str] | None = None) -> None:
         self.times: dict[str, float] = {}
         self.memory: dict[str, float] = {}
         self.history = history
+        self.knobs = knobs or {}  # phase -> what frees its memory, where the run knows better than _KNOBS
 
     @contextlib.contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -59,7 +61,7 @@ class Timer:
                 yield
         except torch.OutOfMemoryError as exc:
             snapshot = self.history.oom_snapshot() if self.history is not None else None
-            raise out_of_memory(name, exc, snapshot) from None
+            raise out_of_memory(name, exc, snapshot, self.knobs.get(name)) from None
         finally:
             if cuda and name != "step":
                 gib = 2**30
@@ -71,9 +73,18 @@ class Timer:
                 self.memory[key] = max(self.memory.get(key, 0.0), reserved)
 
 
-def out_of_memory(phase: str, exc: BaseException, snapshot: Path | None = None) -> OutOfMemory:
-    """``snapshot``: the CUDA memory snapshot written at the failure, named in the message."""
-    knobs = _KNOBS.get(phase, _TRAINING_KNOBS)
+def generation_knobs(engine: str, options: type) -> str:
+    """What frees the generation phase's memory: the engine's own ``memory_options`` (declared on
+    its options model) and the response length."""
+    names = tuple(getattr(options, "memory_options", ()))
+    own = f"[rollout] {', '.join(names)} (the {engine} engine's) or " if names else ""
+    return f"{own}[data] max_response_tokens"
+
+
+def out_of_memory(phase: str, exc: BaseException, snapshot: Path | None = None, knobs: str | None = None) -> OutOfMemory:
+    """``snapshot``: the CUDA memory snapshot written at the failure, named in the message;
+    ``knobs``: what frees this phase's memory, when the run knows (else the phase's usual ones)."""
+    knobs = knobs or _KNOBS.get(phase, _TRAINING_KNOBS)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else "CUDA out of memory"
     where = (f". The CUDA memory history up to the failure is in {snapshot} (open it in {MEMORY_VIZ})"
              if snapshot is not None else "")

@@ -38,7 +38,7 @@ from rlcore.trainer.distributed import Distributed
 from rlcore.trainer.metrics import merge_metrics
 from rlcore.trainer.flops import mfu, peak_tflops
 from rlcore.trainer.lora import adapter_spec, takes_adapters
-from rlcore.trainer.phases import MemoryHistory, Timer, profiled
+from rlcore.trainer.phases import MemoryHistory, Timer, generation_knobs, profiled
 from rlcore.trainer.reference import build_reference
 from rlcore.trainer.rollout import Rollout
 from rlcore.trainer.filling import BatchMaker, Filling
@@ -129,6 +129,9 @@ class RLTrainer:
             startup_checks.critic_vocabulary(self.manifest, self.critic.module, self.tokenizer)
 
         context.tools = {s.role.split(".", 1)[1]: s.component.build(s.options, context) for s in self.manifest.roles("tools")}
+        # Score shapers and batch filters ([shapers.NAME], [filters.NAME]), in the manifest's order.
+        self.shapers = [s.component.build(s.options, context) for s in self.manifest.roles("shapers")]
+        self.filters = [s.component.build(s.options, context) for s in self.manifest.roles("filters")]
         engine = self._engine(context)
         if self.dist.sharded and not engine.shares_actor and cfg.model.lora is not None:
             raise UsageError(
@@ -141,6 +144,8 @@ class RLTrainer:
             self.actor.engine_lora = adapter_spec(self.actor.module)
             logger.info("LoRA: the engine receives the adapters alone at each weight sync (rank {})", cfg.model.lora.rank)
         self.rollout = Rollout(engine, self._build("agent.loop", context), self.actor)
+        selected = self.manifest.component("rollout.engine")
+        self._memory_knobs = {"gen": generation_knobs(selected.component.name, selected.component.options)}
         self._load_data()
 
         if checkpoint is not None:
@@ -171,12 +176,7 @@ class RLTrainer:
     def _scheduler(self, engine):
         """Rollout and training take turns, or rollouts run in the background ([rollout] max_staleness)."""
         staleness = self.cfg.rollout.max_staleness
-        algo = self.cfg.algorithm
-        filling = Filling(
-            dynamic_sampling=algo.dynamic_sampling, max_rounds=algo.max_generation_rounds,
-            overlong_buffer=algo.overlong_buffer, overlong_factor=algo.overlong_penalty,
-            max_response_tokens=self.cfg.data.max_response_tokens, score_chunks=self.cfg.rollout.score_chunks,
-        )
+        filling = Filling(shapers=self.shapers, filters=self.filters, score_chunks=self.cfg.rollout.score_chunks)
         maker = BatchMaker(self.scorer, self.tokenizer, self._step_inputs, filling)
         common = (self.rollout, maker, self.actor.weights_for_engine, self.step, self.cursor)
         if staleness is None:
@@ -400,7 +400,7 @@ class RLTrainer:
 
     def train_step(self) -> dict[str, Any]:
         algo = self.cfg.algorithm
-        timer = Timer(self.memory_history)
+        timer = Timer(self.memory_history, knobs=self._memory_knobs)
         metrics: dict[str, Any] = {}
         with timer("step"):
             scored = self.scheduler.next_batch(timer)
@@ -412,10 +412,10 @@ class RLTrainer:
             # Group ids unique across ranks, however many groups each kept (dynamic sampling).
             per_rank = self.cfg.data.prompts_per_step // self.dist.world
             batch = build_batch(trajectories, scored.scores, params.n, group_offset=self.dist.rank * per_rank)
-            if algo.mask_truncated:
-                truncated = torch.tensor([t.finish_reason == "length" for t in trajectories])
-                batch.response_mask[truncated] = 0
-                metrics["response_length/masked_truncated"] = truncated.float().mean().item()
+            for loss_mask in (f for f in self.filters if hasattr(f, "loss_mask")):
+                keep, mask_metrics = loss_mask.loss_mask(trajectories)
+                batch.response_mask[torch.tensor([not k for k in keep], dtype=torch.bool)] = 0
+                metrics.update(mask_metrics)
             self.actor.module.train()
             # With one optimizer step per batch, the update's own forward pass runs on the current
             # weights, the PPO ratio's "old" policy: its detached log-probs are the old ones, at no

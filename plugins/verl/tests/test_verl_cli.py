@@ -120,9 +120,10 @@ def test_dapo_maps_onto_todays_algorithm_keys(home, tmp_path, capfd):
     assert code == 0, err
     assert "its verl command has no \"$@\"" in err
     doc = table(out)
-    dapo = {"dynamic_sampling": True, "max_generation_rounds": 10, "overlong_buffer": 4096, "overlong_penalty": 1.0,
-            "clip_ratio_high": 0.28, "clip_ratio_c": 10.0}
+    dapo = {"clip_ratio_high": 0.28, "clip_ratio_c": 10.0}
     assert {k: doc["algorithm"][k] for k in dapo} == dapo
+    assert doc["filters"] == {"dynamic_sampling": {"max_generation_rounds": 10}}  # rlcore-algo-dapo's tables
+    assert doc["shapers"] == {"overlong": {"buffer": 4096, "penalty": 1.0}}
     assert doc["trainer"]["weight_decay"] == 0.1 and doc["trainer"]["warmup_steps"] == 10
     assert doc["launcher"] == {"name": "ray", "workers": 128, "gpus_per_worker": 1, "job": True,
                                "address": "http://localhost:8265"}

@@ -178,8 +178,8 @@ def test_dapo_dynamic_sampling_and_overlong_buffer():
             "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
             "data.max_response_length=20480", R + "n=16")
     c = conv(*base, "+algorithm.filter_groups.metric=seq_final_reward")
-    assert [value(c, "algorithm", k) for k in ("dynamic_sampling", "max_generation_rounds", "overlong_buffer",
-                                                "overlong_penalty")] == [True, 10, 4096, 1.0]
+    assert value(c, "filters.dynamic_sampling", "max_generation_rounds") == 10
+    assert (value(c, "shapers.overlong", "buffer"), value(c, "shapers.overlong", "penalty")) == (4096, 1.0)
     assert "algorithm.filter_groups.metric" not in unmapped(c)  # rlcore filters on the final score too
     # acc: the scorer's correctness, before the overlong penalty; rlcore filters after it
     reason, essential = unmapped(conv(*base, "+algorithm.filter_groups.metric=acc"))["algorithm.filter_groups.metric"]
@@ -188,14 +188,14 @@ def test_dapo_dynamic_sampling_and_overlong_buffer():
     c = conv(*base[:2], "+algorithm.filter_groups.metric=acc", R + "n=16")
     assert "algorithm.filter_groups.metric" not in unmapped(c)
     c = conv("+algorithm.filter_groups.enable=True", "+algorithm.filter_groups.metric=seq_final_reward", R + "n=4")
-    assert value(c, "algorithm", "max_generation_rounds") == 64  # verl's 0: unlimited
+    assert value(c, "filters.dynamic_sampling", "max_generation_rounds") == 64  # verl's 0: unlimited
     assert "unlimited" in unmapped(c)["algorithm.filter_groups.max_num_gen_batches"][0]
 
 
 @pytest.mark.parametrize("prefix", ["reward_model.overlong_buffer.", "reward.reward_kwargs.overlong_buffer_cfg."])
 def test_each_layout_of_the_overlong_buffer(prefix):
     c = conv(f"{prefix}enable=True", f"{prefix}len=512", f"{prefix}penalty_factor=0.5", module="recipe.dapo.main_dapo")
-    assert (value(c, "algorithm", "overlong_buffer"), value(c, "algorithm", "overlong_penalty")) == (512, 0.5)
+    assert (value(c, "shapers.overlong", "buffer"), value(c, "shapers.overlong", "penalty")) == (512, 0.5)
 
 
 def test_dapo_over_generation_and_a_different_max_resp_len():

@@ -12,7 +12,7 @@ def rlcore_advantage_estimators():
     return [
         Component("grpo", "rlcore_algo_grpo.estimators:build_grpo", GRPOOptions,
                   "group-normalised outcome advantage: (score - group mean) / (group std + eps)",
-                  needs={"groups"}),
+                  needs={"groups"}, default=True),  # [algorithm] advantage left out
         Component("dr_grpo", "rlcore_algo_grpo.estimators:build_dr_grpo", NoOptions,
                   "Dr. GRPO: score - group mean, no std normalisation", needs={"groups"}),
         Component("rloo", "rlcore_algo_grpo.estimators:build_rloo", NoOptions,

@@ -13,6 +13,7 @@ from rlcore.components import Options
 
 
 class HFEngineOptions(Options):
+    memory_options = ("max_batch_size",)  # named when generation runs out of memory
     max_batch_size: int = Field(
         128, ge=1, le=65536, description="most sequences (prompts x samples) decoded together in one forward pass"
     )

@@ -15,5 +15,6 @@ def rlcore_rollout_engines():
             options=HFEngineOptions,
             description="embedded transformers engine: batched KV-cached sampling, shares the actor's weights",
             needs={"actor_model", "tokenizer"},
+            default=True,  # [rollout] engine left out
         )
     ]

@@ -50,6 +50,7 @@ ALIASES = {
 
 
 class SGLangOptions(Options):
+    memory_options = ("mem_fraction_static",)  # named when generation runs out of memory
     mode: Literal["colocated", "server"] = Field(
         "colocated", description="colocated: sglang.Engine in this process; server: HTTP to running SGLang servers"
     )

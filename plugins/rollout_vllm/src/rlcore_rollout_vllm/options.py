@@ -33,6 +33,7 @@ OWN_FIELDS = {
 
 
 class VLLMOptions(Options):
+    memory_options = ("gpu_memory_utilization",)  # named when generation runs out of memory
     mode: Literal["colocated", "server"] = Field(
         "colocated", description="colocated: vLLM runs in this process; server: talk HTTP to running `vllm serve`s"
     )

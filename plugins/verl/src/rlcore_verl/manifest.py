@@ -17,7 +17,8 @@ from rlcore.manifest_api import component_options, core_table
 from rlcore_verl.mapping import Conversion, Line
 from rlcore_verl.verl_defaults import VERL_COMMIT
 
-TABLE_ORDER = ("run", "model", "model.lora", "data", "rollout", "reward", "algorithm", "critic", "agent", "trainer",
+TABLE_ORDER = ("run", "model", "model.lora", "data", "rollout", "reward", "algorithm", "filters.dynamic_sampling",
+               "shapers.overlong", "critic", "agent", "trainer",
                "loggers.wandb", "launcher")
 # For a component table: the key that names the component, and the component's kind.
 SELECTORS = {

@@ -740,17 +740,19 @@ def reward(c: Conversion) -> None:
 
 @rule
 def dapo(c: Conversion) -> None:
-    """The DAPO recipe's keys -> today's [algorithm] keys (dynamic sampling, the soft overlong
-    punishment). These move to a DAPO plugin later: this is the one place to change."""
+    """The DAPO recipe's keys -> the rlcore-algo-dapo plugin's tables: [filters.dynamic_sampling]
+    (its max_generation_rounds always written, so the table is there) and [shapers.overlong]."""
     if as_bool(c.get("algorithm.filter_groups.enable")):
-        c.put("algorithm", "dynamic_sampling", True, "algorithm.filter_groups.enable")
+        c.handled.add("algorithm.filter_groups.enable")
         rounds = c.int("algorithm.filter_groups.max_num_gen_batches", 0)
         most = 64
         if 0 < rounds <= most:
-            c.put("algorithm", "max_generation_rounds", rounds, "algorithm.filter_groups.max_num_gen_batches",
+            c.put(DYNAMIC_SAMPLING, "max_generation_rounds", rounds, "algorithm.filter_groups.enable",
+                  "algorithm.filter_groups.max_num_gen_batches",
                   note="verl stops the run when they are used up; rlcore fills the step with uniform groups")
         else:
-            c.put("algorithm", "max_generation_rounds", most, "algorithm.filter_groups.max_num_gen_batches",
+            c.put(DYNAMIC_SAMPLING, "max_generation_rounds", most, "algorithm.filter_groups.enable",
+                  "algorithm.filter_groups.max_num_gen_batches",
                   note=f"verl: {'unlimited' if rounds <= 0 else rounds}; rlcore's most")
             c.unmapped.append(Unmapped("algorithm.filter_groups.max_num_gen_batches",
                                        f"{rounds} ({'unlimited' if rounds <= 0 else 'more than 64'}): rlcore generates "
@@ -777,8 +779,8 @@ def dapo(c: Conversion) -> None:
                "over-generation); dynamic sampling then adds rounds", always=True)
     on, length, factor, sources, max_len_key = _overlong(c)
     if on:
-        c.put("algorithm", "overlong_buffer", int(length), *sources[:2])
-        c.put("algorithm", "overlong_penalty", float(factor), sources[2])
+        c.put(OVERLONG, "buffer", int(length), *sources[:2])
+        c.put(OVERLONG, "penalty", float(factor), sources[2])
         max_len = c.get(max_len_key)
         if max_len is not None and c.int(max_len_key) != c.int("data.max_response_length"):
             c.skip(max_len_key, f"{max_len}: rlcore's overlong buffer ends at data.max_response_tokens "
@@ -787,6 +789,7 @@ def dapo(c: Conversion) -> None:
             c.use(max_len_key)
 
 
+DYNAMIC_SAMPLING, OVERLONG = "filters.dynamic_sampling", "shapers.overlong"  # rlcore-algo-dapo's tables
 _OVERLONG_LAYOUTS = (
     ("reward.reward_kwargs.overlong_buffer_cfg.", "reward.reward_kwargs.max_resp_len"),
     ("reward_model.reward_kwargs.overlong_buffer_cfg.", "reward_model.reward_kwargs.max_resp_len"),

@@ -1,6 +1,4 @@
-"""Reward shaping and batch filtering from DAPO (Yu et al., 2025): soft overlong punishment and
-dynamic sampling's informative groups. Plain Python: they act on per-sample numbers before any
-tensor exists."""
+"""DAPO's per-sample numbers, in plain Python (they act before any tensor exists)."""
 
 from __future__ import annotations
 
