@@ -3,6 +3,8 @@ the mixture of examples/reasoning_gym.toml (single-digit chain_sum and products,
 task's own scorer), validated on the test half of the same tasks (never a training item).
 
     python benchmarks/learning_reasoning_gym.py [--steps 14] [--eval-every 7]      # CPU, the example as it is
+    python benchmarks/learning_reasoning_gym.py --steps 6 --eval-every 3 --set data.prompts_per_step=8 \
+        --set data.max_response_tokens=8 --set data.val.size=32                   # CPU, smaller
 
 On the GPU (one H200), larger batches and more steps:
 
@@ -36,9 +38,11 @@ def main() -> None:
     parser.add_argument("--gpu", action="store_true", help="the GPU-sized settings above")
     parser.add_argument("--out", type=Path, default=None, help="keep the run here (default: a temporary directory)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.KEY=VALUE",
+                        help="more manifest overrides (a smaller batch on a busy CPU: --set data.prompts_per_step=8)")
     args = parser.parse_args()
     sets = [f"trainer.steps={args.steps}", f"trainer.eval_every={args.eval_every}", "trainer.save_every=0",
-            'trainer.loggers=["jsonl"]'] + (GPU if args.gpu else [])
+            'trainer.loggers=["jsonl"]'] + (GPU if args.gpu else []) + args.overrides
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = args.out or Path(tmp) / "run"
         cmd = [sys.executable, "-m", "rlcore", "run", str(args.manifest), "--run-dir", str(run_dir)]

@@ -145,3 +145,21 @@ def test_the_reward_refuses_rows_it_cannot_score():
     reward.check_data([prompt(good["extra_info"], 0)], "ok")
     with pytest.raises(RlcoreError, match=r"data 'f.jsonl', row 4: .*no extra_info.reasoning_gym"):
         reward.check_data([prompt(good["extra_info"], 0), prompt({}, 4)], "f.jsonl")
+
+
+def test_rlcore_validate_checks_a_source_with_a_located_error_and_no_torch(tmp_path):
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(
+        '[model]\npath = "org/model"\n[data]\ntrain = "reasoning_gym:chain_sum?max_term=2"\n'
+        '[data.val]\nsource = "reasoning_gym"\ntasks.chan_sum = {weight = 1}\n'
+        '[reward]\nfunction = "reasoning_gym"\n[trainer]\nsteps = 1\n'
+    )
+    code = (
+        "import sys; from rlcore.cli import main; code = main(['validate', sys.argv[1]]); "
+        "print('torch' in sys.modules, code)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(manifest)], capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    assert "m.toml:4: [data.train]" in out and "did you mean 'max_terms'" in out, out
+    assert "[data.val]" in out and "unknown reasoning_gym task 'chan_sum'" in out, out
+    assert proc.stdout.strip().splitlines()[-1] == "False 2", out
