@@ -26,6 +26,7 @@ from rlcore.algorithms.importance import mismatch_metrics, mismatch_sums
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import AdvantageInput, BuildContext, Prompt, SamplingParams, Trajectory
 from rlcore.manifest.loader import ResolvedManifest
+from rlcore.testing.faults import fault_point
 from rlcore.trainer import models, precision, startup_checks
 from rlcore.trainer.actor import Actor
 from rlcore.trainer.batch import RolloutBatch, build_batch
@@ -335,27 +336,44 @@ class RLTrainer:
     # ------------------------------------------------------------------ the loop
 
     def fit(self) -> None:
+        finished = False
         try:
             t = self.cfg.trainer
             self.memory_history = MemoryHistory(t.memory_snapshot_steps, t.memory_snapshot_on_oom, self.run_dir,
                                                 cuda=self.device.startswith("cuda"), rank=self.dist.rank)
             with StopRequest() as stop, self.memory_history.run():
                 self._fit(stop)
+            finished = True
         finally:
-            self.close()
+            self.close(raise_errors=finished)
 
-    def close(self) -> None:
-        """Stop what setup started: the rollout thread, the sinks, the reward workers, the process group."""
+    def close(self, raise_errors: bool = True) -> None:
+        """Stop what setup started: the rollout thread, the sinks, the reward workers, the process group.
+        Each is closed even if another fails; a failure found while closing (a rollout thread's
+        error, an engine process that had died) is raised after all are closed, or, when
+        ``raise_errors`` is off (the run is failing already), logged."""
+        closers = []
         if hasattr(self, "scheduler"):
-            self.scheduler.close()
+            closers.append(self.scheduler.close)
         if getattr(self, "engine_process", None) is not None:
-            self.engine_process.close()
-        for sink in getattr(self, "sinks", []):
-            sink.close()
+            closers.append(self.engine_process.close)
+        closers += [sink.close for sink in getattr(self, "sinks", [])]
         if hasattr(self, "scorer"):
-            self.scorer.close()
+            closers.append(self.scorer.close)
         if hasattr(self, "dist"):
-            self.dist.close()
+            closers.append(self.dist.close)
+        errors = []
+        for close in closers:
+            try:
+                close()
+            except Exception as exc:  # noqa: BLE001 - the others must still close
+                errors.append(exc)
+        if errors and raise_errors:
+            for extra in errors[1:]:
+                logger.error("also while closing the run: {}", extra)
+            raise errors[0]
+        for error in errors:
+            logger.error("while closing the failed run: {}", error)
 
     def _fit(self, stop: StopRequest) -> None:
         t = self.cfg.trainer
@@ -425,6 +443,7 @@ class RLTrainer:
                 with timer("update_critic"):
                     metrics.update(self.critic.update(batch))
             self.scheduler.weights_changed(timer)
+            fault_point("update")
             self.cursor.load(scored.cursor)
         metrics.update(timer.times)
         metrics.update(timer.memory)

@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Callable, Iterable, Iterator
 
+from rlcore.testing.faults import fault_point
 from rlcore.trainer.data_cursor import DataCursor
 from rlcore.trainer.filling import BatchMaker, ScoredBatch
 from rlcore.trainer.rollout import Rollout
@@ -33,6 +34,7 @@ class Colocated:
 
     def next_batch(self, timer) -> ScoredBatch:
         """Generate with the current weights, then score."""
+        fault_point("generate")
         batch = self.maker.make(self.rollout.generate, self.step, self.cursor, self.step, phase=timer.phase)
         self.step += 1
         return batch
@@ -137,11 +139,19 @@ class Background:
                 self._changed.notify_all()
 
     def close(self) -> None:
+        """Stop the thread. A batch it failed to make that no step asked for (the engine died
+        after the last batch it was needed for) is raised here, not dropped: the failure
+        happened in this run, and a run that hides it exits 0 with a dead engine."""
         with self._changed:
             self._stopping = True
             self._changed.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=300)
+        with self._changed:
+            failed = [r for _, r in sorted(self._results.items()) if isinstance(r, BaseException)]
+            self._results.clear()
+        if failed:
+            raise failed[0]
 
     # ------------------------------------------------------------------ the thread
 
@@ -174,6 +184,7 @@ class Background:
             busy = 0.0
             try:
                 self._load(self._version_for(step))
+                fault_point("generate")
                 result = self.maker.make(self.rollout.generate_concurrently, step, self.cursor, self._engine_version)
                 busy = result.metrics["timing_s/gen"] + result.metrics["timing_s/reward"]
             except BaseException as exc:  # noqa: BLE001 - handed to the trainer, which raises it
