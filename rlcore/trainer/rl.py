@@ -154,11 +154,33 @@ class RLTrainer:
                 )
             logger.info("resumed from {} (step {})", checkpoint, self.step)
             context.resume_step = self.step
-        self.scheduler = self._scheduler(engine)
+        self.scheduler = self._scheduler(engine, self._in_flight(checkpoint))
         context.total_steps = cfg.trainer.steps  # known now, also under total_epochs
         self.sinks = [s.component.build(s.options, context) for s in self.manifest.roles("loggers")] if self.dist.is_main else []
 
-    def _scheduler(self, engine):
+    def _in_flight(self, checkpoint: Path | None) -> list | None:
+        """The background batches the checkpoint holds (made by weights it does not hold), when
+        this run can train them as the run that saved them would have."""
+        if checkpoint is None:
+            return None
+        from rlcore.trainer.checkpoint import load_rank_object
+
+        saved = load_rank_object(checkpoint, IN_FLIGHT, self.dist.rank)
+        staleness = self.cfg.rollout.max_staleness or 0
+        if saved is None:
+            if staleness > 0:
+                logger.warning("checkpoint {} holds no in-flight batches (written by an older rlcore): the background "
+                               "rollouts restart their lag from the restored weights, so the next {} step(s) differ "
+                               "from an uninterrupted run's", checkpoint, staleness)
+            return None
+        if saved["max_staleness"] != staleness:
+            logger.warning("checkpoint {} was written at max_staleness = {} and this run has {}: its {} in-flight "
+                           "batch(es) are dropped and regenerated from the restored weights (not an exact resume)",
+                           checkpoint, saved["max_staleness"], staleness, len(saved["batches"]))
+            return None
+        return saved["batches"]
+
+    def _scheduler(self, engine, in_flight: list | None = None):
         """Rollout and training take turns, or rollouts run in the background ([rollout] max_staleness)."""
         staleness = self.cfg.rollout.max_staleness
         algo = self.cfg.algorithm
@@ -183,7 +205,7 @@ class RLTrainer:
             "rollouts in the background, at most {} step(s) behind the trainer; rollout_correction = {}",
             staleness, self.cfg.algorithm.rollout_correction,
         )
-        return Background(*common, max_staleness=staleness)
+        return Background(*common, max_staleness=staleness, in_flight=in_flight)
 
     def _step_inputs(self, step: int, cursor: DataCursor | MixedCursor) -> tuple[list[Prompt], SamplingParams]:
         """Step ``step``'s prompts (this rank's share; ``cursor`` advances past them) and sampling."""
@@ -592,6 +614,9 @@ class RLTrainer:
             sink.log_samples(rows, self.step)
 
     def save(self) -> Path:
+        # Batches in flight were (or will be) made by weights older than these: saved as they are.
+        in_flight = self.scheduler.in_flight() if isinstance(self.scheduler, Background) else []
+        objects = {IN_FLIGHT: {"max_staleness": self.cfg.rollout.max_staleness, "batches": in_flight}} if in_flight else None
         with self._stored_weights():
             return self.checkpointer.save(
                 self.step,
@@ -602,6 +627,7 @@ class RLTrainer:
                 modules=self.modules,
                 state={"data": self.cursor.state(), "world_size": self.dist.world, "fsdp": self.dist.sharded},
                 dist=self.dist,
+                rank_objects=objects,
             )
 
     def export(self, target: Path) -> Path:
@@ -623,6 +649,9 @@ class RLTrainer:
                 export_model(self.actor.module, self.tokenizer, target, state_dict=state)
             self.dist.barrier()
             return Path(target)
+
+
+IN_FLIGHT = "inflight"  # the checkpoint's per-rank file of background batches in flight (inflight-rankR.pt)
 
 
 def _eos_ids(tokenizer, model) -> list[int]:

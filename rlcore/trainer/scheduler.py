@@ -65,7 +65,9 @@ class Background:
     """
 
     def __init__(self, rollout: Rollout, maker: BatchMaker, weights: Callable[[], Iterable], step: int, cursor: DataCursor,
-                 max_staleness: int):
+                 max_staleness: int, in_flight: list[ScoredBatch] | None = None):
+        """``in_flight``: the batches a checkpoint saved (see :meth:`in_flight`), trained first, as
+        in the run that saved them."""
         self.rollout, self.maker, self.weights = rollout, maker, weights
         self.max_staleness = max_staleness
         self.cursor = cursor.copy()
@@ -81,6 +83,10 @@ class Background:
         self._busy_s = 0.0
         self._window_start = time.perf_counter()
         self._thread: threading.Thread | None = None
+        for batch in in_flight or []:
+            self._results[self._next] = batch
+            self._next += 1
+            self.cursor.load(batch.cursor)
         self._publish()  # the engine may have been built before a checkpoint was restored
 
     # ------------------------------------------------------------------ the trainer's side
@@ -105,6 +111,27 @@ class Background:
         result.metrics["async/engine_busy_fraction"] = min(1.0, busy / window)
         result.metrics["async/queued_batches"] = float(len(self._results))
         return result
+
+    def in_flight(self) -> list[ScoredBatch]:
+        """The batches made, or to be made, by weights older than the current ones (the next
+        ``max_staleness`` steps'), waited for: a checkpoint holds them, because the weights that
+        make them are not in it. Resuming trains them, then goes on as if never stopped."""
+        if self.max_staleness == 0:
+            return []
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._produce, name="rlcore-rollout", daemon=True)
+            self._thread.start()
+        wanted = [s for s in range(self.trained, self.trained + self.max_staleness) if self._version_for(s) < self.version]
+        with self._changed:
+            while not all(s in self._results for s in wanted):
+                if not self._thread.is_alive():
+                    raise RuntimeError("the background rollout thread ended without a batch")
+                self._changed.wait(1.0)
+            batches = [self._results[s] for s in wanted]
+        for batch in batches:
+            if isinstance(batch, BaseException):
+                raise batch
+        return batches
 
     def weights_changed(self, timer) -> None:
         """Publish a snapshot of the new weights; the thread loads it before its next batch."""
