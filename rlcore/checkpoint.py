@@ -223,11 +223,14 @@ class Checkpointer:
         self.keep_best, self.best_metric, self.best_mode = keep_best, best_metric, best_mode
 
     def save(self, step: int, *, actor, tokenizer, optimizers: dict[str, Any], schedulers: dict[str, Any],
-             modules: dict[str, torch.nn.Module], state: dict[str, Any], dist=None) -> Path:
+             modules: dict[str, torch.nn.Module], state: dict[str, Any], dist=None,
+             rank_objects: dict[str, Any] | None = None) -> Path:
         """Write a checkpoint. With several ranks every rank calls this: rank 0 writes the full
         model, each rank its own optimizer shard and RNG state (and the checksums of its files).
         A rank's failure to write (a full disk) is agreed on by all ranks: the temporary directory
-        is removed, the previous checkpoint stays, and every rank raises :class:`RlcoreError`."""
+        is removed, the previous checkpoint stays, and every rank raises :class:`RlcoreError`.
+        ``rank_objects``: more of each rank's own state, each written as ``NAME-rankR.pt`` (the
+        background rollouts' in-flight batches); see :meth:`load_rank_object`."""
         import torch
 
         from rlcore.trainer.distributed import Distributed, full_state_dict
@@ -244,7 +247,9 @@ class Checkpointer:
         # float32 state dicts on rank 0.
         model_state = full_state_dict(actor) if dist.sharded else None
         module_states = {n: full_state_dict(m) if dist.sharded else m.state_dict() for n, m in modules.items()}
-        own = [f"optimizers-rank{dist.rank}.pt", f"rng-rank{dist.rank}.pt"]
+        rank_objects = dict(rank_objects or {})
+        own = [f"optimizers-rank{dist.rank}.pt", f"rng-rank{dist.rank}.pt",
+               *(f"{name}-rank{dist.rank}.pt" for name in rank_objects)]
         try:
             failure, digests, writing = None, {}, tmp
             try:
@@ -262,9 +267,13 @@ class Checkpointer:
                 torch.save({k: o.state_dict() for k, o in optimizers.items()}, writing)
                 writing = tmp / own[1]
                 torch.save(rng_state(), writing)
+                for name, obj in rank_objects.items():
+                    writing = tmp / f"{name}-rank{dist.rank}.pt"
+                    torch.save(obj, writing)
                 writing = tmp
                 if dist.is_main:  # everything but the other ranks' own files
-                    others = {f"{kind}-rank{r}.pt" for r in range(1, dist.world) for kind in ("optimizers", "rng")}
+                    others = {f"{kind}-rank{r}.pt" for r in range(1, dist.world)
+                              for kind in ("optimizers", "rng", *rank_objects)}
                     digests = _digests(tmp, skip=others)
                 else:
                     digests = {rel: file_digest(tmp / rel) for rel in own}
@@ -456,6 +465,17 @@ class Checkpointer:
         for k, s in schedulers.items():
             s.load_state_dict(sched_states[k])
         set_rng_state(torch.load(path / f"rng-rank{dist.rank}.pt", map_location="cpu", weights_only=False))
+
+
+def load_rank_object(path: Path, name: str, rank: int = 0) -> Any | None:
+    """What :meth:`Checkpointer.save` wrote as ``rank_objects[name]`` for ``rank``, or None when the
+    checkpoint has none (an older checkpoint, or a run that had nothing to write)."""
+    import torch
+
+    file = path / f"{name}-rank{rank}.pt"
+    if not file.exists():
+        return None
+    return torch.load(file, map_location="cpu", weights_only=False)
 
 
 def load_actor_weights(actor, checkpoint: Path) -> None:

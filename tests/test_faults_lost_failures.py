@@ -23,3 +23,24 @@ def test_an_expected_error_that_ends_a_run_is_written_to_run_log(tmp_path, tiny_
     log = (tmp_path / "run" / "run.log").read_text()
     assert "the run failed" in log and "ground_truth" in log and "rows.jsonl" in log, log
     assert "this process: rank 0 of 1, host " in log, log
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_a_split_engine_dying_after_the_last_batch_fails_the_run(tmp_path, tiny_model, max_staleness):
+    """The engine process exits right after answering the run's last generate call. The death
+    was dropped (the background thread's error, or a dead process found at close): the run said
+    'run finished' and exited 0."""
+    from rlcore.testing.faults import env
+
+    manifest = write_run_manifest(tmp_path, tiny_model, rollout={"placement": "split", "max_staleness": max_staleness},
+                                  data={"val": None}, trainer={"steps": 2})
+    proc = run_cli("run", str(manifest), "--run-dir", str(tmp_path / "run"), env=env("engine_generate@2=exit"),
+                   timeout=300)
+    text = proc.stdout + proc.stderr
+    assert "rlcore fault injection: engine_generate@2=exit" in text, text
+    assert proc.returncode == 1, text
+    assert "rollout engine's process" in text and "Traceback" not in text, text
+    log = (tmp_path / "run" / "run.log").read_text()
+    assert "run finished" not in log and "the run failed" in log and "rollout engine's process" in log, log
+    assert len([line for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]) == 2

@@ -60,11 +60,11 @@ def test_one_step_off_policy_stays_within_its_staleness(tmp_path, tiny_model):
     assert all("rollout_corr/ratio/mean" in r for r in rows)
     resolved = (tmp_path / "run" / "manifest.resolved.toml").read_text()
     assert 'rollout_correction = "token_truncate"' in resolved
-    # Resuming regenerates what was in flight, from the restored weights: the run continues to step 6.
+    # Resuming trains the batch the checkpoint saved in flight, then goes on one step behind.
     assert main(["run", str(manifest), "--run-dir", str(tmp_path / "run"), "--resume", "--set", "trainer.steps=6"]) == 0
     resumed = [r for r in read_metrics(tmp_path / "run") if "actor/pg_loss" in r]
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
-    assert [r["rollout/staleness/max"] for r in resumed[4:]] == [0, 1]
+    assert [r["rollout/staleness/max"] for r in resumed[4:]] == [1, 1]
 
 
 @pytest.mark.slow
@@ -72,8 +72,7 @@ def test_one_step_off_policy_stays_within_its_staleness(tmp_path, tiny_model):
 def test_engines_with_their_own_weights_resume_as_if_never_stopped(tmp_path, tiny_model, rollout):
     """After a resume, an engine holding its own weights generates with the restored ones (it was
     built from the model's initial weights), and a background run is as reproducible as a
-    synchronous one. (Above staleness 0 a resumed run restarts its fixed lag from the restored
-    weights, so it is compared at 0.)"""
+    synchronous one. (Above staleness 0, see tests/test_faults_resume.py.)"""
     shutil.copy(FIXTURES / "dense_rewards.py", tmp_path / "dense_rewards.py")
     manifest = write_run_manifest(
         tmp_path, tiny_model, rollout=rollout, trainer={"steps": 3, "save_every": 1, "lr": 5e-3},

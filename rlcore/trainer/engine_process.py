@@ -91,7 +91,7 @@ class EngineProcess:
             target=_serve, args=(child_end, transport_spec, self._bucket_bytes), name="rlcore-engine", daemon=False,
         )
         self._process.start()
-        atexit.register(self.close)
+        atexit.register(self._close_at_exit)
         child_end.close()
         self.pid = self._process.pid
         try:  # through the pipe, not the start-up arguments: a child that dies starting is then noticed
@@ -152,12 +152,21 @@ class EngineProcess:
             self._conn.send(("end", None))
             self._reply(what="update_weights")
 
+    def _close_at_exit(self) -> None:
+        try:
+            self.close()
+        except EngineProcessError:  # at interpreter exit there is no run left to fail
+            pass
+
     def close(self) -> None:
-        """End the child (politely, then by force)."""
+        """End the child (politely, then by force). Raises :class:`EngineProcessError` when the
+        child had already died: nothing else may have noticed (the run's last batch was made)."""
         if self._closed:
             return
         self._closed = True
-        atexit.unregister(self.close)
+        atexit.unregister(self._close_at_exit)
+        died = None if self._process.is_alive() or getattr(self, "_death_said", False) else self._process.exitcode
+        died = None if died == 0 else died  # 0: it ended on its own after saying why (a failed start)
         try:
             if self._process.is_alive():
                 self._conn.send(("close", (), {}))
@@ -168,6 +177,10 @@ class EngineProcess:
             self._process.kill()
             self._process.join(timeout=10)
         self._conn.close()
+        if died is not None:  # it ended before being told to, and no call has said so
+            how = f"was killed by signal {-died}" if died < 0 else f"exited with code {died}"
+            raise EngineProcessError(f"the rollout engine's process (pid {self.pid}) {how} before the run "
+                                     "closed it (after the last batch it was needed for)")
 
     # ------------------------------------------------------------------ the trainer's side
 
@@ -181,11 +194,13 @@ class EngineProcess:
         if self._closed:
             raise EngineProcessError("the rollout engine's process was closed")
         if not self._process.is_alive():
+            self._death_said = True
             raise EngineProcessError(f"the rollout engine's process (pid {self.pid}) exited with code {self._process.exitcode}")
 
     def _reply(self, what: str, timeout: float | None = None) -> Any:
         while not self._conn.poll(1.0 if timeout is None else min(timeout, 1.0)):
             if not self._process.is_alive():
+                self._death_said = True
                 raise EngineProcessError(
                     f"the rollout engine's process (pid {self.pid}) exited with code {self._process.exitcode} "
                     f"during {what}"
@@ -197,6 +212,7 @@ class EngineProcess:
         try:
             status, value = self._conn.recv()
         except EOFError:
+            self._death_said = True
             raise EngineProcessError(f"the rollout engine's process (pid {self.pid}) ended during {what}") from None
         if status == "error":
             raise _unpickle_error(value)
@@ -292,6 +308,10 @@ def _serve(conn, transport_spec, bucket_bytes: int) -> None:
             else:
                 value = getattr(engine, method)(*args)
             conn.send(("ok", value))
+            if method == "generate":
+                from rlcore.testing.faults import fault_point
+
+                fault_point("engine_generate")
         except BaseException as exc:  # noqa: BLE001
             if method == "update_weights":
                 receiver.drain()

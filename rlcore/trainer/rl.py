@@ -28,6 +28,7 @@ from rlcore.algorithms.objective import ObjectiveOptions
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import AdvantageInput, BuildContext, Prompt, SamplingParams, Trajectory
 from rlcore.manifest.loader import ResolvedManifest
+from rlcore.testing.faults import fault_point
 from rlcore.trainer import models, precision, startup_checks
 from rlcore.trainer.actor import Actor
 from rlcore.trainer.batch import RolloutBatch, build_batch
@@ -169,11 +170,33 @@ class RLTrainer:
                 )
             logger.info("resumed from {} (step {})", checkpoint, self.step)
             context.resume_step = self.step
-        self.scheduler = self._scheduler(engine)
+        self.scheduler = self._scheduler(engine, self._in_flight(checkpoint))
         context.total_steps = cfg.trainer.steps  # known now, also under total_epochs
         self.sinks = [s.component.build(s.options, context) for s in self.manifest.roles("loggers")] if self.dist.is_main else []
 
-    def _scheduler(self, engine):
+    def _in_flight(self, checkpoint: Path | None) -> list | None:
+        """The background batches the checkpoint holds (made by weights it does not hold), when
+        this run can train them as the run that saved them would have."""
+        if checkpoint is None:
+            return None
+        from rlcore.trainer.checkpoint import load_rank_object
+
+        saved = load_rank_object(checkpoint, IN_FLIGHT, self.dist.rank)
+        staleness = self.cfg.rollout.max_staleness or 0
+        if saved is None:
+            if staleness > 0:
+                logger.warning("checkpoint {} holds no in-flight batches (written by an older rlcore): the background "
+                               "rollouts restart their lag from the restored weights, so the next {} step(s) differ "
+                               "from an uninterrupted run's", checkpoint, staleness)
+            return None
+        if saved["max_staleness"] != staleness:
+            logger.warning("checkpoint {} was written at max_staleness = {} and this run has {}: its {} in-flight "
+                           "batch(es) are dropped and regenerated from the restored weights (not an exact resume)",
+                           checkpoint, saved["max_staleness"], staleness, len(saved["batches"]))
+            return None
+        return saved["batches"]
+
+    def _scheduler(self, engine, in_flight: list | None = None):
         """Rollout and training take turns, or rollouts run in the background ([rollout] max_staleness)."""
         staleness = self.cfg.rollout.max_staleness
         filling = Filling(shapers=self.shapers, filters=self.filters, score_chunks=self.cfg.rollout.score_chunks)
@@ -193,7 +216,7 @@ class RLTrainer:
             "rollouts in the background, at most {} step(s) behind the trainer; rollout_correction = {}",
             staleness, self.cfg.algorithm.rollout_correction,
         )
-        return Background(*common, max_staleness=staleness)
+        return Background(*common, max_staleness=staleness, in_flight=in_flight)
 
     def _step_inputs(self, step: int, cursor: DataCursor | MixedCursor) -> tuple[list[Prompt], SamplingParams]:
         """Step ``step``'s prompts (this rank's share; ``cursor`` advances past them) and sampling."""
@@ -347,27 +370,44 @@ class RLTrainer:
     # ------------------------------------------------------------------ the loop
 
     def fit(self) -> None:
+        finished = False
         try:
             t = self.cfg.trainer
             self.memory_history = MemoryHistory(t.memory_snapshot_steps, t.memory_snapshot_on_oom, self.run_dir,
                                                 cuda=self.device.startswith("cuda"), rank=self.dist.rank)
             with StopRequest() as stop, self.memory_history.run():
                 self._fit(stop)
+            finished = True
         finally:
-            self.close()
+            self.close(raise_errors=finished)
 
-    def close(self) -> None:
-        """Stop what setup started: the rollout thread, the sinks, the reward workers, the process group."""
+    def close(self, raise_errors: bool = True) -> None:
+        """Stop what setup started: the rollout thread, the sinks, the reward workers, the process group.
+        Each is closed even if another fails; a failure found while closing (a rollout thread's
+        error, an engine process that had died) is raised after all are closed, or, when
+        ``raise_errors`` is off (the run is failing already), logged."""
+        closers = []
         if hasattr(self, "scheduler"):
-            self.scheduler.close()
+            closers.append(self.scheduler.close)
         if getattr(self, "engine_process", None) is not None:
-            self.engine_process.close()
-        for sink in getattr(self, "sinks", []):
-            sink.close()
+            closers.append(self.engine_process.close)
+        closers += [sink.close for sink in getattr(self, "sinks", [])]
         if hasattr(self, "scorer"):
-            self.scorer.close()
+            closers.append(self.scorer.close)
         if hasattr(self, "dist"):
-            self.dist.close()
+            closers.append(self.dist.close)
+        errors = []
+        for close in closers:
+            try:
+                close()
+            except Exception as exc:  # noqa: BLE001 - the others must still close
+                errors.append(exc)
+        if errors and raise_errors:
+            for extra in errors[1:]:
+                logger.error("also while closing the run: {}", extra)
+            raise errors[0]
+        for error in errors:
+            logger.error("while closing the failed run: {}", error)
 
     def _fit(self, stop: StopRequest) -> None:
         t = self.cfg.trainer
@@ -442,6 +482,7 @@ class RLTrainer:
                 with timer("update_critic"):
                     metrics.update(self.critic.update(batch))
             self.scheduler.weights_changed(timer)
+            fault_point("update")
             self.cursor.load(scored.cursor)
         metrics.update(timer.times)
         metrics.update(timer.memory)
@@ -593,6 +634,9 @@ class RLTrainer:
 
     @progress.during("saving a checkpoint", within_step=False)
     def save(self) -> Path:
+        # Batches in flight were (or will be) made by weights older than these: saved as they are.
+        in_flight = self.scheduler.in_flight() if isinstance(self.scheduler, Background) else []
+        objects = {IN_FLIGHT: {"max_staleness": self.cfg.rollout.max_staleness, "batches": in_flight}} if in_flight else None
         with self._stored_weights():
             return self.checkpointer.save(
                 self.step,
@@ -605,6 +649,7 @@ class RLTrainer:
                        # this step's validation, for [trainer] keep_best
                        **({"validation": self.validation[1]} if self.validation and self.validation[0] == self.step else {})},
                 dist=self.dist,
+                rank_objects=objects,
             )
 
     def export(self, target: Path) -> Path:
@@ -626,6 +671,9 @@ class RLTrainer:
                 export_model(self.actor.module, self.tokenizer, target, state_dict=state)
             self.dist.barrier()
             return Path(target)
+
+
+IN_FLIGHT = "inflight"  # the checkpoint's per-rank file of background batches in flight (inflight-rankR.pt)
 
 
 def _eos_ids(tokenizer, model) -> list[int]:

@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Callable, Iterable, Iterator
 
+from rlcore.testing.faults import fault_point
 from rlcore.trainer.data_cursor import DataCursor
 from rlcore.trainer.filling import BatchMaker, ScoredBatch
 from rlcore.trainer.rollout import Rollout
@@ -33,6 +34,7 @@ class Colocated:
 
     def next_batch(self, timer) -> ScoredBatch:
         """Generate with the current weights, then score."""
+        fault_point("generate")
         batch = self.maker.make(self.rollout.generate, self.step, self.cursor, self.step, phase=timer.phase)
         self.step += 1
         return batch
@@ -63,7 +65,9 @@ class Background:
     """
 
     def __init__(self, rollout: Rollout, maker: BatchMaker, weights: Callable[[], Iterable], step: int, cursor: DataCursor,
-                 max_staleness: int):
+                 max_staleness: int, in_flight: list[ScoredBatch] | None = None):
+        """``in_flight``: the batches a checkpoint saved (see :meth:`in_flight`), trained first, as
+        in the run that saved them."""
         self.rollout, self.maker, self.weights = rollout, maker, weights
         self.max_staleness = max_staleness
         self.cursor = cursor.copy()
@@ -79,6 +83,10 @@ class Background:
         self._busy_s = 0.0
         self._window_start = time.perf_counter()
         self._thread: threading.Thread | None = None
+        for batch in in_flight or []:
+            self._results[self._next] = batch
+            self._next += 1
+            self.cursor.load(batch.cursor)
         self._publish()  # the engine may have been built before a checkpoint was restored
 
     # ------------------------------------------------------------------ the trainer's side
@@ -103,6 +111,27 @@ class Background:
         result.metrics["async/engine_busy_fraction"] = min(1.0, busy / window)
         result.metrics["async/queued_batches"] = float(len(self._results))
         return result
+
+    def in_flight(self) -> list[ScoredBatch]:
+        """The batches made, or to be made, by weights older than the current ones (the next
+        ``max_staleness`` steps'), waited for: a checkpoint holds them, because the weights that
+        make them are not in it. Resuming trains them, then goes on as if never stopped."""
+        if self.max_staleness == 0:
+            return []
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._produce, name="rlcore-rollout", daemon=True)
+            self._thread.start()
+        wanted = [s for s in range(self.trained, self.trained + self.max_staleness) if self._version_for(s) < self.version]
+        with self._changed:
+            while not all(s in self._results for s in wanted):
+                if not self._thread.is_alive():
+                    raise RuntimeError("the background rollout thread ended without a batch")
+                self._changed.wait(1.0)
+            batches = [self._results[s] for s in wanted]
+        for batch in batches:
+            if isinstance(batch, BaseException):
+                raise batch
+        return batches
 
     def weights_changed(self, timer) -> None:
         """Publish a snapshot of the new weights; the thread loads it before its next batch."""
@@ -137,11 +166,19 @@ class Background:
                 self._changed.notify_all()
 
     def close(self) -> None:
+        """Stop the thread. A batch it failed to make that no step asked for (the engine died
+        after the last batch it was needed for) is raised here, not dropped: the failure
+        happened in this run, and a run that hides it exits 0 with a dead engine."""
         with self._changed:
             self._stopping = True
             self._changed.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=300)
+        with self._changed:
+            failed = [r for _, r in sorted(self._results.items()) if isinstance(r, BaseException)]
+            self._results.clear()
+        if failed:
+            raise failed[0]
 
     # ------------------------------------------------------------------ the thread
 
@@ -174,6 +211,7 @@ class Background:
             busy = 0.0
             try:
                 self._load(self._version_for(step))
+                fault_point("generate")
                 result = self.maker.make(self.rollout.generate_concurrently, step, self.cursor, self._engine_version)
                 busy = result.metrics["timing_s/gen"] + result.metrics["timing_s/reward"]
             except BaseException as exc:  # noqa: BLE001 - handed to the trainer, which raises it
