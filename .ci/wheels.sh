@@ -36,7 +36,7 @@ projects=(.)
 for d in plugins/*/pyproject.toml; do projects+=("$(dirname "$d")"); done
 # --no-deps: only these distributions; --no-build-isolation: their one build requirement,
 # setuptools, comes from .ci/deps instead of a fresh download per wheel.
-"${venv_pip[@]}" wheel "${pip[@]}" --no-deps --no-build-isolation --wheel-dir "$work/wheels" "${projects[@]}"
+"${venv_pip[@]}" wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation --wheel-dir "$work/wheels" "${projects[@]}"
 rm -rf build plugins/*/build  # setuptools' scratch directories, left in the checkout
 wheel_of() {  # the wheel file of the distribution in directory $1
   local name
@@ -59,7 +59,8 @@ if ! "${venv_pip[@]}" install "${pip[@]}" --dry-run --ignore-installed --report 
 fi
 "$env/bin/python" - "$work/resolved.json" <<'EOF'
 import json, sys
-picked = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.load(open(sys.argv[1]))["install"]}
+picked = {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"]
+          for i in json.load(open(sys.argv[1]))["install"]}
 shown = ["torch", "transformers", "huggingface-hub", "skypilot", "click", "ray", "vllm", "sglang"]
 print("   " + ", ".join(f"{n} {picked[n]}" for n in shown if n in picked) + f" ({len(picked)} distributions)")
 EOF

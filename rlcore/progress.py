@@ -9,10 +9,9 @@ seconds when piped) is told. Nothing listens by default, and then the calls cost
         ...
         progress.advance(16)
 
-Calls come from the main thread of the training process (others' are ignored: background rollouts
-are not the step's phase); a listener may read :func:`describe`
-from another thread (a heartbeat): the stack of phases is replaced, never changed in place, and a
-phase's count only grows.
+Calls come from the main thread of the training process (other threads' are ignored: background
+rollouts are not the step's phase). A listener may read :func:`describe` from another thread (a
+heartbeat): the stack of phases is replaced, never changed in place, and a count only grows.
 """
 
 from __future__ import annotations

@@ -134,13 +134,14 @@ class ConsoleSink:
 
             self.log_file.write(f"{datetime.now():%Y-%m-%d %H:%M:%S.%f}"[:-3] + f" | METRICS  | {line}\n")
 
-    def where(self) -> str | None:
-        """Where the run is now, for a heartbeat line (None between phases)."""
+    def where(self, silent_s: float = 0.0) -> str:
+        """Where the run is now, for a heartbeat line; between marked phases (an optimizer step),
+        the step under way and ``silent_s``, the seconds since the last line."""
         from rlcore import progress
 
         phases = progress.stack()
         if not phases:
-            return None
+            return f"step {self.last_step + 1}" + (f"/{self.total}" if self.total else "") + f", {silent_s:.0f} s since the last line"
         text = f"{progress.describe()}, {phases[-1].elapsed:.0f} s"
         if all(p.within_step for p in phases):
             text = f"step {self.last_step + 1}" + (f"/{self.total}" if self.total else "") + f": {text}"
@@ -199,24 +200,25 @@ class _Heartbeat:
         import time
 
         self.sink, self.interval, self._time = sink, interval, time.monotonic
-        self.last = self._time()
+        self.last_line = self.last_beat = self._time()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="rlcore-heartbeat", daemon=True)
         self.thread.start()
 
     def said(self) -> None:
-        self.last = self._time()
+        """The sink printed a line: the silence starts again."""
+        self.last_line = self.last_beat = self._time()
 
     def _run(self) -> None:
         from datetime import datetime
 
-        while not self._stop.wait(min(self.interval, max(0.05, self.interval - (self._time() - self.last)))):
-            if self._time() - self.last < self.interval:
+        while not self._stop.wait(min(self.interval, max(0.05, self.interval - (self._time() - self.last_beat)))):
+            now = self._time()
+            if now - self.last_beat < self.interval:
                 continue
-            where = self.sink.where()
-            if where is not None:
-                self.sink.console.print(f"{datetime.now():%H:%M:%S} ...     {where}", markup=False)
-            self.said()
+            where = self.sink.where(now - self.last_line)
+            self.sink.console.print(f"{datetime.now():%H:%M:%S} ...     {where}", markup=False)
+            self.last_beat = now
 
     def stop(self) -> None:
         self._stop.set()

