@@ -168,10 +168,13 @@ def test_a_piped_run_says_where_it_is_within_each_step(tmp_path, tiny_model):
     assert proc.returncode == 0, proc.stderr
     assert "starting (importing torch and the trainer)" in proc.stderr.splitlines()[0]
     beats = [line.split("...", 1)[1].strip() for line in proc.stdout.splitlines() if " ...  " in line]
-    phases = {beat.split(":")[1].split()[0] if beat.startswith("step") else beat.split(":")[0] for beat in beats}
-    assert "generating" in phases or "updating the actor" in phases, proc.stdout
+    assert beats and all(beat.startswith(("step 1/1", "validating", "saving a checkpoint")) for beat in beats), beats
+    assert any(word in beat for beat in beats for word in ("generating", "scoring", "updating")), beats
     assert len(train_rows(tmp_path / "run")) == 1
     assert not (tmp_path / "run" / ".lock").exists()  # a clean exit leaves no lock file behind
+    state = json.loads((tmp_path / "run" / "checkpoints" / "step_000001" / STATE_FILE).read_text())
+    assert 0.0 <= state["validation"]["val/reward/mean"] <= 1.0  # what keep_best ranks checkpoints by
+    assert "checkpoint saved: " in proc.stderr and " MB)" in proc.stderr  # with what it cost
 
     # --resume on the finished run: it says so, and trains nothing
     proc = run_cli("run", str(manifest), "--run-dir", str(tmp_path / "run"), "--resume", timeout=600)
@@ -280,3 +283,17 @@ def test_the_bar_keeps_its_count_and_estimate_at_80_columns_and_shows_the_phase(
     assert "-:--:--" not in last[0]  # one step is enough for an estimate
     assert last[1].strip().startswith("generating 0/64 samples"), last
     assert all(len(line) <= 80 for line in last)
+
+
+def test_mixed_digit_addition_draws_each_size_and_keeps_its_splits_apart():
+    from rlcore.data.synthetic import AdditionParams, addition
+
+    train = addition(AdditionParams(digits=1, max_digits=2, size=400, seed=0, split="train"))
+    test = addition(AdditionParams(digits=1, max_digits=2, size=100, seed=1, split="test"))
+    sizes = {(len(str(r["extra_info"]["a"])), len(str(r["extra_info"]["b"]))) for r in train}
+    assert sizes == {(1, 1), (1, 2), (2, 1), (2, 2)}
+    assert all(int(r["reward_model"]["ground_truth"]) == r["extra_info"]["a"] + r["extra_info"]["b"] for r in train)
+    questions = lambda rows: {r["prompt"][0]["content"] for r in rows}  # noqa: E731
+    assert len(questions(train)) == 400 and not questions(train) & questions(test)
+    with pytest.raises(ValueError, match="max_digits"):
+        AdditionParams(digits=2, max_digits=1)
