@@ -93,3 +93,27 @@ def test_what_a_reward_prints_is_captured_bounded_and_counted(capfd, logged):
     assert len(debug) == 4 and all(len(line) < OUTPUT_TAIL + 200 for line in debug)
     assert "tail-of-2" in debug[2]
     assert elapsed < 30
+
+
+@pytest.mark.slow
+def test_a_run_whose_reward_prints_keeps_the_console_and_its_log_small(tmp_path, tiny_model):
+    """The issue's case at a smaller size: a python: reward printing 1 MB per call sent all of
+    it through rlcore's stdout and none of it into run.log."""
+    from rlcore.testing.runs import run_cli, train_rows, write_run_manifest
+
+    (tmp_path / "chatty.py").write_text(
+        "def score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    print('y' * (1 << 20))\n"
+        "    print('graded:', repr(solution_str[:5]))\n"
+        "    return 0.5\n"
+    )
+    manifest = write_run_manifest(tmp_path, tiny_model, data={"val": None}, trainer={"steps": 1},
+                                  reward={"function": "python:chatty.py:score", "method": None})
+    proc = run_cli("run", str(manifest), "--run-dir", str(tmp_path / "run"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(proc.stdout) + len(proc.stderr) < 64 * 1024 and "yyyy" not in proc.stdout + proc.stderr
+    log = (tmp_path / "run" / "run.log").read_text()
+    assert "reward output of item" in log and "graded:" in log and len(log) < 200 * 1024
+    [row] = train_rows(tmp_path / "run")
+    assert row["reward/output_bytes"] > 8 * (1 << 20)  # 4 prompts x 2 samples, 1 MB and a line each
+    assert row["reward/output_dropped_bytes"] > 8 * ((1 << 20) - OUTPUT_TAIL)

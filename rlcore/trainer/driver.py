@@ -13,6 +13,7 @@ from rlcore.errors import RlcoreError, UsageError
 from rlcore.manifest.loader import ResolvedManifest
 from rlcore.rundir import RunDirLock, holds_checkpoints_message
 from rlcore.checkpoint import Checkpointer, write_atomic_text
+from rlcore.trainer import stopping
 from rlcore.trainer.stopping import Stopped
 
 
@@ -45,6 +46,30 @@ def resume_hint(run_dir: Path) -> str:
     if complete:
         return f"no checkpoint in {run_dir} is intact (see the warnings above): rlcore run --resume cannot continue"
     return f"no checkpoint was written in {run_dir} yet: rerun to start again"
+
+
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe",
+              "NCCL communicator was aborted", "ProcessGroupNCCL's watchdog", "Socket Timeout")
+
+
+def peer_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective failing because another rank died (gloo or NCCL say so
+    in their message), in a run of several ranks."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not isinstance(exc, RuntimeError):
+        return False
+    text = str(exc)
+    return any(phrase in text for phrase in _PEER_GONE)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The message's first line without the C++ source location gloo puts first."""
+    import re
+
+    line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    line = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", line)
+    return line if len(line) <= 200 else line[:197] + "..."
 
 
 def where_this_rank_runs(rank: int) -> str:
@@ -100,7 +125,16 @@ def run_driver(manifest: ResolvedManifest, run_dir: str | Path, resume: bool = F
     except KeyboardInterrupt:
         logger.warning("interrupted; {}", resume_hint(run_dir))
         return 130
-    except Exception:
+    except Exception as exc:
+        if peer_failure(exc):  # another rank died: its own log has the cause; this one only waited
+            logger.bind(file_only=True).error("the run failed:\n{}", traceback.format_exc())
+            said = f"rank {rank}: another rank of this run died, so a collective failed ({_first_line(exc)})"
+            if stopping.requested():
+                said += f"; the {stopping.requested()} received was not followed by a checkpoint"
+            logger.error("{}; see the failed rank's run.rankN.log (or run.log for rank 0) for why", said)
+            hint = resume_hint(run_dir)
+            print(f"the run failed; see {log_file}. {hint[0].upper()}{hint[1:]}.", file=sys.stderr)
+            return 1
         logger.error("the run failed:\n{}", traceback.format_exc())
         hint = resume_hint(run_dir)
         print(f"the run failed; see {log_file}. {hint[0].upper()}{hint[1:]}.", file=sys.stderr)

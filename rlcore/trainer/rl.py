@@ -179,7 +179,7 @@ class RLTrainer:
         this run can train them as the run that saved them would have."""
         if checkpoint is None:
             return None
-        from rlcore.trainer.checkpoint import load_rank_object
+        from rlcore.checkpoint import load_rank_object
 
         saved = load_rank_object(checkpoint, IN_FLIGHT, self.dist.rank)
         staleness = self.cfg.rollout.max_staleness or 0

@@ -16,6 +16,12 @@ import threading
 from loguru import logger
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+_requested: list[str] = []  # the signal this process was asked to stop by, for the driver's last word
+
+
+def requested() -> str | None:
+    """The name of the stop signal this process received, if any (``"SIGTERM"``)."""
+    return _requested[-1] if _requested else None
 
 
 class Stopped(Exception):
@@ -50,8 +56,15 @@ class StopRequest:
         if self.signum:
             raise Stopped(signum)
         self.signum = signum
-        logger.warning("received {}: finishing this step, then writing a checkpoint (send it again to stop at once)",
-                       signal.Signals(signum).name)
+        _requested.append(signal.Signals(signum).name)
+        # Every rank gets the signal (srun, torchrun); one line on the console is enough, and it
+        # promises the checkpoint only as an intent (a rank that died cannot write its share).
+        import os
+
+        quiet = os.environ.get("RANK", "0") != "0"
+        logger.bind(file_only=quiet).warning(
+            "received {}: finishing this step, then writing a checkpoint (send it again to stop at once)",
+            signal.Signals(signum).name)
 
     def agreed(self, dist) -> int:
         """The signal any rank received (0 for none): every rank calls this at the end of a step."""
