@@ -92,3 +92,64 @@ def test_the_documented_plugin_api_is_the_checked_one():
     section = text.split("## The plugin API", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `(rlcore[\w.]*)` \|", section, flags=re.MULTILINE))
     assert documented == {name.removesuffix(".*") for name in PLUGIN_API}
+
+
+# Plugin tests and scripts are what a third party copies: they import the plugin API too
+# (rlcore.testing has load_run_manifest, run_in_process, discover_registry, score_trajectories for
+# what they reached into internals for). These imports predate the rule; the list may only shrink.
+KNOWN_INTERNAL_IN_TESTS = {
+    ("agent/tests/test_agent_class_tools.py", "rlcore.cli"),
+    ("agent/tests/test_agent_class_tools.py", "rlcore.manifest.loader"),
+    ("agent/tests/test_agent_class_tools.py", "rlcore.registry"),
+    ("agent/tests/test_agent_function_tool.py", "rlcore.manifest.loader"),
+    ("agent/tests/test_agent_function_tool.py", "rlcore.registry"),
+    ("agent/tests/test_agent_real_model.py", "rlcore.manifest.loader"),
+    ("agent/tests/test_agent_real_model.py", "rlcore.registry"),
+    ("agent/tests/test_agent_real_model.py", "rlcore.trainer.driver"),
+    ("agent/tests/test_agent_sandbox_isolation.py", "rlcore.registry"),
+    ("agent/tests/test_agent_tool_lifecycle.py", "rlcore.registry"),
+    ("agent/tests/test_agent_tool_lifecycle.py", "rlcore.trainer.scoring"),
+    ("agent/tests/test_agent_tool_loop.py", "rlcore.registry"),
+    ("launcher_ray/tests/test_ray_options.py", "rlcore.manifest.loader"),
+    ("launcher_ray/tests/test_ray_training.py", "rlcore.checkpoint"),
+    ("launcher_ray/tests/test_ray_training.py", "rlcore.cli"),
+    ("launcher_slurm/tests/test_slurm_script.py", "rlcore.registry"),
+    ("reward_rule/tests/test_reward_rule_plugin.py", "rlcore.manifest.loader"),
+    ("reward_rule/tests/test_reward_rule_plugin.py", "rlcore.registry"),
+    ("reward_rule/tests/test_reward_rule_plugin.py", "rlcore.reward_pool"),
+    ("reward_rule/tests/test_reward_rule_verl_default.py", "rlcore.trainer.scoring"),
+    ("rollout_hf/tests/test_rollout_hf_plugin.py", "rlcore.registry"),
+    ("rollout_hf/tests/test_rollout_hf_weights.py", "rlcore.trainer.lora"),
+    ("rollout_vllm/tests/test_rollout_vllm_options.py", "rlcore.trainer.lora"),
+    ("rollout_vllm/tests/test_rollout_vllm_server.py", "rlcore_rollout_hf.options"),
+    ("verl/tests/test_verl_cli.py", "rlcore.cli"),
+    ("verl/tests/test_verl_cli.py", "rlcore.manifest.loader"),
+    ("verl/tests/test_verl_cli.py", "rlcore.registry"),
+}
+
+
+def test_plugin_tests_and_scripts_import_only_the_plugin_api():
+    found = set()
+    for plugin in PLUGINS:
+        files = sorted(f for d in ("tests", "scripts") if (plugin / d).is_dir() for f in (plugin / d).rglob("*.py"))
+        for v in check_plugin_imports(files, own=_packages(plugin), root=ROOT):
+            found.add((str(Path(v.path).relative_to("plugins")), v.module))
+    new = found - KNOWN_INTERNAL_IN_TESTS
+    assert not new, "plugin tests or scripts import rlcore internals (use rlcore.testing): " + ", ".join(
+        f"{path} imports {module}" for path, module in sorted(new))
+    gone = KNOWN_INTERNAL_IN_TESTS - found
+    assert not gone, f"no longer imported, remove from KNOWN_INTERNAL_IN_TESTS: {sorted(gone)}"
+
+
+def test_the_in_process_helpers_of_rlcore_testing(tmp_path):
+    from rlcore.testing.runs import discover_registry, load_run_manifest, run_in_process
+
+    (tmp_path / "r.py").write_text("def score(item):\n    return 1.0\n")
+    manifest = tmp_path / "m.toml"
+    manifest.write_text('[model]\npath = "org/m"\n[data]\ntrain = "synthetic:addition"\n'
+                        '[rollout]\nsamples_per_prompt = 2\n[reward]\nfunction = "python:r.py:score"\n[trainer]\nsteps = 2\n')
+    resolved = load_run_manifest(manifest, ["trainer.steps=3"], environ={})
+    assert resolved.core.trainer.steps == 3 and resolved.component("reward.function").component.name == "python"
+    assert "hf" in discover_registry().components("rollout_engine")
+    assert run_in_process("validate", str(manifest)) == 0
+    assert run_in_process(["validate", str(tmp_path / "missing.toml")]) == 2

@@ -117,3 +117,52 @@ def process_gone(pid: int) -> bool:
     except PermissionError:  # it exists, owned by someone else
         return False
     return False
+
+
+# ----------------------------------------------------------------------------- in process
+# What plugin tests reached into rlcore's internals for: load a manifest as `rlcore validate` does,
+# run a command in this process, score trajectories as the trainer does. These stay stable across
+# releases of one plugin-API version (docs/architecture.md); the internals behind them may not.
+
+
+def discover_registry():
+    """The registry of every installed plugin, as ``rlcore`` commands see it."""
+    from rlcore.registry import Registry
+
+    return Registry.discover()
+
+
+def load_run_manifest(path: str | Path, overrides: list[str] | tuple[str, ...] = (), registry=None,
+                      environ: dict[str, str] | None = None):
+    """``path`` validated as ``rlcore validate`` does (``overrides``: ``--set TABLE.KEY=VALUE``
+    items; ``registry``: default every installed plugin; ``environ``: the ``RLCORE_*`` variables
+    to read, default this process's); the resolved manifest: ``.core`` (the core tables),
+    ``.component(role)``, ``.raw``. Raises :class:`rlcore.errors.ManifestError` with located problems."""
+    from rlcore.manifest.loader import load_manifest
+
+    kwargs = {} if environ is None else {"environ": environ}
+    return load_manifest(Path(path), list(overrides), registry=registry, **kwargs)
+
+
+def run_in_process(*args) -> int:
+    """Run ``rlcore ARGS`` in this process (``run_in_process("run", "m.toml", "--run-dir", d)``, or
+    one list of them); its exit code. Expected failures return 2 with the message on stderr, as
+    the command does."""
+    from rlcore.cli import main
+
+    argv = list(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else list(args)
+    return main([str(a) for a in argv])
+
+
+def score_trajectories(reward, trajectories: list, tokenizer, *, timeout_s: float = 10.0, workers: int = 2,
+                       batch_timeout_s: float = 600.0) -> tuple[list[float], dict[str, float]]:
+    """Score ``trajectories`` with a built reward function as the trainer does (per-item rewards
+    in time-limited worker processes, a batched reward in this process): the scores, in order, and
+    the reward metrics (``reward/*``)."""
+    from rlcore.trainer.scoring import Scorer
+
+    scorer = Scorer(reward, timeout_s, workers, batch_timeout_s)
+    try:
+        return scorer.score(trajectories, tokenizer)
+    finally:
+        scorer.close()

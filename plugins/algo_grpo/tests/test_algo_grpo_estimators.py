@@ -16,15 +16,15 @@ torch = pytest.importorskip("torch")
 
 from rlcore.errors import ManifestError  # noqa: E402
 from rlcore.interfaces import AdvantageInput  # noqa: E402
-from rlcore.registry import Registry  # noqa: E402
 from rlcore.testing import isolated_registry, register, write_manifest  # noqa: E402
+from rlcore.testing.runs import load_run_manifest  # noqa: E402
 from rlcore.testing.algorithms import check_advantage_estimator  # noqa: E402
 from rlcore_algo_grpo import plugin  # noqa: E402
 
 NAN = float("nan")
 
 
-def _registry() -> Registry:
+def _registry():
     registry = isolated_registry()
     register(registry, plugin, name="algo_grpo", distribution="rlcore-algo-grpo")
     return registry
@@ -161,7 +161,7 @@ class _Engine:
     def rlcore_rollout_engines():
         from rlcore.components import Component
 
-        return [Component("hf", lambda options, context: None)]
+        return [Component("hf", lambda options, context: None, default=True)]  # the default engine
 
 
 def test_options_validated_through_the_manifest(tmp_path):
@@ -175,12 +175,10 @@ def test_options_validated_through_the_manifest(tmp_path):
         "algorithm": {"advantage": "reinforce_pp", "gamma": 1.5},
     }
     (tmp_path / "r.py").write_text("def f(x):\n    return 0.0\n")
-    from rlcore.manifest.loader import load_manifest
-
     with pytest.raises(ManifestError, match="algorithm.gamma"):
-        load_manifest(write_manifest(tmp_path, doc), registry=registry, environ={})
+        load_run_manifest(write_manifest(tmp_path, doc), registry=registry, environ={})
     doc["algorithm"]["gamma"] = 0.9
-    resolved = load_manifest(write_manifest(tmp_path, doc), registry=registry, environ={})
+    resolved = load_run_manifest(write_manifest(tmp_path, doc), registry=registry, environ={})
     assert resolved.component("algorithm.advantage").options.gamma == 0.9
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlcore.cli import main
+from rlcore.testing.runs import run_in_process as main
 from rlcore.testing import require_plugins
 from rlcore.testing.runs import train_rows
 
