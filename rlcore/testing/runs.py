@@ -132,6 +132,32 @@ def discover_registry():
     return Registry.discover()
 
 
+def registry_with(plugin, name: str, distribution: str):
+    """rlcore's builtins and ``plugin`` (a module or object with hook implementations) alone, as
+    if ``distribution`` had registered it under ``name``: a plugin's tests see its own
+    components whatever else is installed."""
+    from rlcore.registry import Registry
+
+    registry = Registry.discover(external=False, disabled=())
+    registry.register(plugin, name=name, distribution=distribution)
+    return registry
+
+
+def read_data_spec(spec, registry=None, *, role: str = "train") -> tuple[list[dict], str]:
+    """The rows a ``[data] train``/``val`` spec gives (a file, or a data source such as
+    ``NAME:ARGS?key=value``) and the name a run reports it by."""
+    from rlcore.data.prompts import read_source
+
+    return read_source(spec, role=role, registry=registry)
+
+
+def check_data_spec(spec, registry=None) -> str | None:
+    """What ``rlcore validate`` says about a data spec, or None when it is fine (no torch)."""
+    from rlcore.data.prompts import check_data_spec as check
+
+    return check(spec, registry=registry)
+
+
 def load_run_manifest(path: str | Path, overrides: list[str] | tuple[str, ...] = (), registry=None,
                       environ: dict[str, str] | None = None):
     """``path`` validated as ``rlcore validate`` does (``overrides``: ``--set TABLE.KEY=VALUE``

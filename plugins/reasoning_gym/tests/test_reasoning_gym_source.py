@@ -12,8 +12,8 @@ import pytest
 
 from rlcore.errors import RlcoreError
 from rlcore.interfaces import Prompt, RewardInput
-from rlcore.registry import Registry
 from rlcore.testing.api import check_plugin_imports, describe_violations
+from rlcore.testing.runs import check_data_spec, read_data_spec, registry_with
 
 import rlcore_reasoning_gym.plugin as plugin
 from rlcore_reasoning_gym.options import ReasoningGymRewardOptions, ReasoningGymSourceOptions
@@ -33,9 +33,7 @@ def questions(batch):
 
 @pytest.fixture(scope="module")
 def registry():
-    registry = Registry.discover(external=False, disabled=())
-    registry.register(plugin, name="reasoning_gym", distribution="rlcore-reasoning-gym")
-    return registry
+    return registry_with(plugin, "reasoning_gym", "rlcore-reasoning-gym")
 
 
 def test_the_plugin_uses_only_the_plugin_api():
@@ -45,15 +43,13 @@ def test_the_plugin_uses_only_the_plugin_api():
 
 
 def test_a_spec_string_gives_verl_rows_of_the_task(registry):
-    from rlcore.data.prompts import read_source
-
-    batch, name = read_source("reasoning_gym:chain_sum?size=12&seed=3&max_terms=2&max_digits=1", registry=registry)
+    batch, name = read_data_spec("reasoning_gym:chain_sum?size=12&seed=3&max_terms=2&max_digits=1", registry=registry)
     assert name.startswith("reasoning_gym:chain_sum") and len(batch) == 12
     row = batch[0]
     assert row["data_source"] == "reasoning_gym/chain_sum"
     assert row["prompt"][-1]["role"] == "user" and "arithmetic problem" in row["prompt"][-1]["content"]
     assert row["reward_model"]["ground_truth"] == row["extra_info"]["reasoning_gym"]["entry"]["answer"]
-    again, _ = read_source("reasoning_gym:chain_sum?size=12&seed=3&max_terms=2&max_digits=1", registry=registry)
+    again, _ = read_data_spec("reasoning_gym:chain_sum?size=12&seed=3&max_terms=2&max_digits=1", registry=registry)
     assert again == batch  # a seed gives the same rows
 
 
@@ -98,8 +94,6 @@ def test_prompts_take_a_system_prompt_and_an_instruction():
     ],
 )
 def test_bad_specs_name_what_is_wrong(registry, spec, phrases):
-    from rlcore.data.prompts import check_data_spec
-
     message = check_data_spec(spec, registry=registry)
     assert message is not None
     for phrase in phrases:
