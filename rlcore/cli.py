@@ -93,7 +93,8 @@ def _validate_one(args: argparse.Namespace, path: str, registry) -> None:
         import tomli_w
 
         console().print(tomli_w.dumps(manifest.resolved_dict()), markup=False)
-    used = ", ".join(f"{role}={s.component.name} ({s.component.provider})" for role, s in manifest.selected.items())
+    used = ", ".join(f"{role}={s.component.name} ({s.component.provider})"
+                     for role, s in {**manifest.data_sources, **manifest.selected}.items())
     console().print(f"[green]ok[/] {_escape(path)}: {_escape(used)}")
 
 

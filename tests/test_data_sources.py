@@ -113,6 +113,10 @@ def test_a_source_spec_is_validated_with_the_manifest_and_located(tmp_path, regi
     path.write_text(text)
     manifest = load_manifest(path, registry=registry)
     assert manifest.core.data.train == {"source": "counting", "size": 2}
+    # The source is recorded with its distribution, as every selected component is.
+    assert manifest.data_sources["data.train"].options.size == 2
+    assert manifest.resolved_dict()["plugins"]["data.train"]["distribution"] == "rlcore-counting"
+    assert manifest.resolved_dict()["data"]["train"] == {"source": "counting", "size": 2}
     path.write_text(text.replace("size = 2", "size = 2\nshape = 1"))
     with pytest.raises(ManifestError, match=r"\[data.train\].*shape: unknown option"):
         load_manifest(path, registry=registry)

@@ -44,6 +44,9 @@ class ResolvedManifest:
     raw: dict[str, Any]  # after overrides, paths resolved
     core: Manifest
     selected: dict[str, Selected] = field(default_factory=dict)
+    # The data sources [data] train / val name ("data.train" -> its source), kept apart from
+    # `selected`: their options live in the data spec itself, and the trainer reads them from there.
+    data_sources: dict[str, Selected] = field(default_factory=dict)
 
     @property
     def base_dir(self) -> Path:
@@ -57,7 +60,8 @@ class ResolvedManifest:
 
     def versions(self) -> dict[str, str]:
         """distribution -> version of every plugin the run uses."""
-        return {s.component.distribution: s.component.version for s in self.selected.values()}
+        chosen = [*self.selected.values(), *self.data_sources.values()]
+        return {s.component.distribution: s.component.version for s in chosen}
 
     def resolved_dict(self) -> dict[str, Any]:
         """The full manifest with defaults filled in, as written to the run directory."""
@@ -73,7 +77,7 @@ class ResolvedManifest:
                 out[table].update(opts)
         out["plugins"] = {
             role: {"name": s.component.name, "distribution": s.component.distribution, "version": s.component.version}
-            for role, s in self.selected.items()
+            for role, s in {**self.selected, **self.data_sources}.items()
         }
         return out
 
@@ -369,7 +373,7 @@ def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry
         _validate_table_options(col, registry, table, extras.get(table, {}), chosen, selected)
 
     _validate_reward_routes(col, registry, doc, base_dir, selected)
-    _validate_data_sources(col, registry, doc)
+    data_sources = _validate_data_sources(col, registry, doc)
     _check_steps(col, doc)
     for table, kind in COMPONENT_MAPS.items():
         entries = doc.get(table)
@@ -402,7 +406,7 @@ def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry
     _resolve_paths(core, base_dir, col)
     if col.problems:
         raise ManifestError(col.problems)
-    return ResolvedManifest(path=path, raw=doc, core=core, selected=selected)
+    return ResolvedManifest(path=path, raw=doc, core=core, selected=selected, data_sources=data_sources)
 
 
 def _without_retired(doc: dict[str, Any], col: _Collector) -> dict[str, Any]:
@@ -418,14 +422,16 @@ def _without_retired(doc: dict[str, Any], col: _Collector) -> dict[str, Any]:
     return out
 
 
-def _validate_data_sources(col: _Collector, registry: Registry, doc: dict[str, Any]) -> None:
+def _validate_data_sources(col: _Collector, registry: Registry, doc: dict[str, Any]) -> dict[str, Selected]:
     """``[data] train`` and ``val`` that name a data source (``reasoning_gym:TASK?...`` or a
-    ``[data.train]`` table) are validated by that source's options model; files are checked later."""
-    from rlcore.data.sources import check_source, source_spec
+    ``[data.train]`` table) are validated by that source's options model; files are checked later.
+    Returns each source found, by role."""
+    from rlcore.data.sources import source_options, source_spec
 
+    found: dict[str, Selected] = {}
     data = doc.get("data")
     if not isinstance(data, dict):
-        return
+        return found
     for key in ("train", "val"):
         spec = data.get(key)
         if not isinstance(spec, (str, dict)) or (isinstance(spec, str) and Path(spec).exists()):
@@ -435,10 +441,15 @@ def _validate_data_sources(col: _Collector, registry: Registry, doc: dict[str, A
         except RlcoreError as exc:
             col.add(f"data.{key}", str(exc))
             continue
-        if parsed is not None:
-            problem = check_source(parsed, registry)
-            if problem:
-                col.add(f"data.{key}", problem)
+        if parsed is None:
+            continue
+        try:
+            component, options = source_options(parsed, registry)
+        except RlcoreError as exc:
+            col.add(f"data.{key}", str(exc))
+            continue
+        found[f"data.{key}"] = Selected(role=f"data.{key}", component=component, options=options)
+    return found
 
 
 def _with_plugin_defaults(doc: dict[str, Any], col: _Collector, registry: Registry) -> dict[str, Any]:

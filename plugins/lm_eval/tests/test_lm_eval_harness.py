@@ -93,7 +93,8 @@ def test_the_plugin_uses_only_the_plugin_api():
 def test_the_adapter_hands_lm_eval_what_the_policy_answers(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     tasks = write_tasks(tmp_path / "tasks")
-    harness = LmEvalHarness(LmEvalOptions(tasks=["rlcore_sums_gen", "rlcore_sums_mc"], include_path=str(tasks)))
+    harness = LmEvalHarness(LmEvalOptions(tasks=["rlcore_sums_gen", "rlcore_sums_mc"], include_path=str(tasks),
+                                          include_defaults=False))
     policy = KnowingPolicy()
     report = harness.run(policy, str(tmp_path))
     assert report["results"]["rlcore_sums_gen"]["exact_match,none"] == 1.0
@@ -106,7 +107,7 @@ def test_the_adapter_hands_lm_eval_what_the_policy_answers(tmp_path, monkeypatch
 def test_unknown_tasks_are_refused_before_any_model_loads(tmp_path):
     tasks = write_tasks(tmp_path / "tasks")
     with pytest.raises(UsageError, match=r"no task 'rlcore_sums_gn' \(did you mean 'rlcore_sums_gen'\?\)"):
-        LmEvalHarness(LmEvalOptions(tasks=["rlcore_sums_gn"], include_path=str(tasks)))
+        LmEvalHarness(LmEvalOptions(tasks=["rlcore_sums_gn"], include_path=str(tasks), include_defaults=False))
     with pytest.raises(UsageError, match="not a directory"):
         LmEvalHarness(LmEvalOptions(tasks=["x"], include_path=str(tmp_path / "nope")))
 
@@ -121,6 +122,7 @@ def test_rlcore_eval_runs_lm_eval_through_the_engine(tiny_model, tmp_path):
     out = tmp_path / "eval.json"
     proc = run_cli("eval", str(manifest), "--model", str(tiny_model), "--harness", "lm_eval",
                    "--tasks", "rlcore_sums_gen,rlcore_sums_mc", "--harness-option", f"include_path='{tasks}'",
+                   "--harness-option", "include_defaults=false",
                    "--output", str(out), env={"HF_DATASETS_OFFLINE": "1"}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())

@@ -125,7 +125,9 @@ class LmEvalHarness:
         include = options.include_path
         if include is not None and not Path(include).is_dir():
             raise UsageError(f"--harness-option include_path: {include!r} is not a directory of task YAMLs")
-        self.tasks = TaskManager(include_path=include)
+        if include is None and not options.include_defaults:
+            raise UsageError("--harness-option include_defaults=false needs include_path (a directory of task YAMLs)")
+        self.tasks = TaskManager(include_path=include, include_defaults=options.include_defaults)
         known = set(self.tasks.all_tasks)  # tasks, groups and tags
         missing = [t for t in options.tasks if t not in known]
         if missing:

@@ -13,6 +13,8 @@ from rlcore.components import Component, Options
 class LmEvalOptions(Options):
     tasks: list[str] = Field(..., min_length=1, description="lm-eval task (or group) names: --tasks gsm8k,my_task")
     include_path: str | None = Field(None, description="a directory of your own task YAMLs, beside lm-eval's")
+    include_defaults: bool = Field(True, description="index lm-eval's own tasks too (false: only include_path's, "
+                                   "which starts much faster)")
     num_fewshot: int | None = Field(None, ge=0, description="few-shot examples (default: each task's own)")
     limit: float | None = Field(None, gt=0, description="at most this many documents per task (below 1: a fraction)")
     apply_chat_template: bool = Field(False, description="render prompts with the tokenizer's chat template")
