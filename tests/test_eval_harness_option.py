@@ -47,7 +47,7 @@ def test_tasks_and_options_reach_the_harness(registry):
 @pytest.mark.parametrize(
     ("argv", "phrase"),
     [
-        (("--harness", "countin", "--tasks", "a"), "unknown eval harness 'countin'; did you mean 'counting'"),
+        (("--harness", "countin", "--tasks", "a"), "unknown eval harness 'countin' (did you mean 'counting'?)"),
         (("--harness", "counting"), "--tasks: Field required"),
         (("--harness", "counting", "--tasks", "a", "--harness-option", "shots=many"), "--harness-option shots: Input should be a valid integer"),
         (("--harness", "counting", "--tasks", "a", "--harness-option", "colour=1"), "--harness-option colour: unknown option"),
