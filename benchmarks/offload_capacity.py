@@ -78,6 +78,7 @@ def attempt(args) -> dict:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from rlcore.algorithms.losses import build_ppo_clip
+    from rlcore.algorithms.objective import ObjectiveOptions
     from rlcore.builtin.options import PPOClipOptions
     from rlcore.interfaces import Prompt, Trajectory
     from rlcore.manifest.schema import Manifest
@@ -149,7 +150,8 @@ def attempt(args) -> dict:
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        out = actor.update(batch, 1.0, has_old=False, policy_loss=loss, with_reference=False)
+        out = actor.update(batch, 1.0, has_old=False, policy_loss=loss,
+                           objective=ObjectiveOptions.from_algorithm(cfg.algorithm, loss))
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
