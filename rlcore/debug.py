@@ -37,7 +37,18 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["breakpoint", "session_dir", "sessions", "stopped", "attach"]
+__all__ = ["breakpoint", "session_dir", "sessions", "stopped", "attach", "announce_on"]
+
+# Where a stopped breakpoint says how to attach: the process's stderr, unless its stderr is being
+# captured (a reward worker's is, to bound what a reward prints), when the capture keeps the
+# console's own stream here so the line still reaches the person waiting for it.
+_announcements = None
+
+
+def announce_on(stream) -> None:
+    """Say where breakpoints stopped on ``stream`` rather than on ``sys.stderr``."""
+    global _announcements
+    _announcements = stream
 
 ENV_RANK, ENV_PORT, ENV_DIR = "RLCORE_DEBUG_RANK", "RLCORE_DEBUG_PORT", "RLCORE_DEBUG_DIR"
 
@@ -171,7 +182,7 @@ def breakpoint(rank: int | None = None, *, port: int | None = None, host: str = 
     print(
         f"rlcore.debug: rank {record['rank']} (pid {record['pid']}) stopped at {where}; "
         f"attach with: {Path(sys.executable).name} -m rlcore.debug {bound_host}:{bound_port}",
-        file=sys.stderr, flush=True,
+        file=_announcements or sys.stderr, flush=True,
     )
     try:
         conn, _ = listener.accept()

@@ -158,6 +158,10 @@ class _OutputCapture:
                 stream.flush()
             except Exception:  # noqa: BLE001 - a closed or odd stream
                 pass
+        from rlcore import debug
+
+        # A breakpoint in the reward must still tell the console how to attach.
+        debug.announce_on(open(os.dup(2), "w", buffering=1, encoding="utf-8", errors="replace"))
         read_end, write_end = os.pipe()
         os.dup2(write_end, 1)
         os.dup2(write_end, 2)
