@@ -23,7 +23,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from rlcore.components import Component
 from rlcore.errors import ManifestError, Problem, RlcoreError, did_you_mean
 from rlcore.manifest.locate import find_duplicate, key_lines, line_of
-from rlcore.manifest.schema import COMPONENT_MAPS, COMPONENT_TABLES, RETIRED_KEYS, Manifest
+from rlcore.manifest.schema import COMPONENT_MAPS, COMPONENT_TABLES, PLUGIN_DEFAULTS, RETIRED_KEYS, Manifest
 from rlcore.registry import Registry
 
 _TOML_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
@@ -453,16 +453,15 @@ def _validate_data_sources(col: _Collector, registry: Registry, doc: dict[str, A
 
 
 def _with_plugin_defaults(doc: dict[str, Any], col: _Collector, registry: Registry) -> dict[str, Any]:
-    """``doc`` with each selecting key that the core gives no default (``[rollout] engine``,
+    """``doc`` with each selecting key of :data:`PLUGIN_DEFAULTS` (``[rollout] engine``,
     ``[algorithm] advantage``) and the manifest leaves out set to the installed component marked
     ``default``, so the resolved manifest names it. None installed, or several: a problem."""
     out = doc
     for table, selectors in COMPONENT_TABLES.items():
         if table in doc and not isinstance(doc[table], dict):
             continue  # phase 1 reports it
-        model = Manifest.model_fields[table].annotation
         for field_name, kind in selectors:
-            if model.model_fields[field_name].default is not None or field_name in doc.get(table, {}):  # type: ignore[union-attr]
+            if (table, field_name) not in PLUGIN_DEFAULTS or field_name in doc.get(table, {}):
                 continue
             defaults = [c for c in registry.components(kind).values() if c.default]
             if len(defaults) == 1:

@@ -342,3 +342,7 @@ RETIRED_KEYS: dict[str, str] = {
 # of named sub-tables, each one a component: table -> kind. Both from the table of kinds.
 COMPONENT_TABLES: dict[str, list[tuple[str, str]]] = _kinds.selectors()
 COMPONENT_MAPS: dict[str, str] = _kinds.named_tables()
+# Selecting keys that a run cannot do without but the core gives no default: left out, they take
+# the installed component marked ``default`` (the core names no plugin). Other selectors left
+# None mean "none" (``[reward] function`` with only ``[reward.routes]``).
+PLUGIN_DEFAULTS: frozenset[tuple[str, str]] = frozenset({("rollout", "engine"), ("algorithm", "advantage")})
