@@ -454,7 +454,7 @@ def _validate_data_sources(col: _Collector, registry: Registry, doc: dict[str, A
 
 def _with_plugin_defaults(doc: dict[str, Any], col: _Collector, registry: Registry) -> dict[str, Any]:
     """``doc`` with each selecting key of :data:`PLUGIN_DEFAULTS` (``[rollout] engine``,
-    ``[algorithm] advantage``) and the manifest leaves out set to the installed component marked
+    ``[algorithm] advantage``) that the manifest leaves out set to the installed component marked
     ``default``, so the resolved manifest names it. None installed, or several: a problem."""
     out = doc
     for table, selectors in COMPONENT_TABLES.items():
