@@ -172,7 +172,7 @@ def test_validate_accepts_good_tools_without_importing_torch(tmp_path):
 BAD = [
     # [tools.NAME] class = ...
     (dict(tools='[tools.calc]\nclass = "python:nope.py:Calculator"\n'), "[tools.calc.class]", "tool file", "nope.py' does not exist"),
-    (dict(tools='[tools.calc]\nclass = "python:my_tools.py:Calculater"\n'), "[tools.calc.class]", "has no class 'Calculater'; did you mean 'Calculator'?", ""),
+    (dict(tools='[tools.calc]\nclass = "python:my_tools.py:Calculater"\n'), "[tools.calc.class]", "has no class 'Calculater' (did you mean 'Calculator'?)", ""),
     (dict(tools='[tools.calc]\nclass = "python:my_tools.py:NotATool"\n'), "[tools.calc.class]", "class 'NotATool' is not a tool: it has no execute", ""),
     (dict(tools='[tools.calc]\nclass = "python:my_tools.py:helper"\n'), "[tools.calc.class]", "'helper' is a function, not a class", ""),
     (dict(tools='[tools.calc]\nclass = "no_such_pkg_xyz.tools:Calc"\n'), "[tools.calc.class]", "tool module 'no_such_pkg_xyz.tools' cannot be imported", ""),

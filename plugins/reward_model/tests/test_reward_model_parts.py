@@ -105,7 +105,7 @@ def test_a_failing_rule_costs_its_part_only_counted(tmp_path):
 
 def test_a_missing_rule_is_refused_naming_it(tmp_path):
     write_rules(tmp_path)
-    with pytest.raises(UsageError, match=r"rule of the 'reward_model' reward: .*has no function 'has42'; did you mean 'has_42'"):
+    with pytest.raises(UsageError, match=r"rule of the 'reward_model' reward: .*has no function 'has42' \(did you mean 'has_42'"):
         load_rule("rules.py:has42", 1.0, str(tmp_path), "reward_model")
     with pytest.raises(UsageError, match=r"rule of the 'judge' reward: reward rule file .*nope.py' does not exist"):
         load_rule("nope.py:f", 1.0, str(tmp_path), "judge")
