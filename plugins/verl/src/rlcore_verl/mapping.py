@@ -410,7 +410,7 @@ def policy_loss(c: Conversion) -> None:
         c.use(A + "clip_ratio_low", A + "clip_ratio_high", A + "clip_ratio_c")
     for key in ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef"):
         c.skip(A + "policy_loss." + key, f"an option of verl's {key.split('_')[0]}_cov / kl losses, not of "
-               f"{mode!r}" if mode == "vanilla" else f"an option of another verl loss mode, not mapped")
+               f"{mode!r}" if mode == "vanilla" else "an option of another verl loss mode, not mapped")
     for key in ("tau_pos", "tau_neg"):
         c.skip(A + key, "an option of verl's SAPO loss, which rlcore does not have")
     agg = c.get(A + "loss_agg_mode")
