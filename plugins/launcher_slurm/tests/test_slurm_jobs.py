@@ -42,7 +42,7 @@ def test_failing_driver_reports_its_exit_code(slurm_cluster, slurm_launcher, lau
     job = job_id_in(out)
     # The job's log was streamed: the job header, the driver's own error, its exit status.
     assert f"[rlcore] job {job} on rlcore" in out
-    assert "problems in the manifest" in out and "[model] required key is missing" in out
+    assert "problems in the manifest" in out and "[model] required table is missing" in out
     assert "[rlcore] ranks exited with status 2" in out
     assert f"job {job} FAILED with exit code 2" in out
     log = tmp_path / "run" / "launch" / f"slurm-{job}.log"
