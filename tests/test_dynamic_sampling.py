@@ -18,7 +18,6 @@ dapo = pytest.importorskip("rlcore_algo_dapo")
 
 from rlcore.trainer import filling  # noqa: E402
 from rlcore_algo_dapo import plugin, shaping  # noqa: E402
-from rlcore_algo_dapo.filters import DynamicSampling  # noqa: E402
 from rlcore_algo_dapo.shapers import Overlong  # noqa: E402
 
 
