@@ -40,6 +40,9 @@ class Rounds:
         return [Trajectory(prompt=p, response_ids=[1] * (3 + k), response_mask=[1] * (3 + k), rollout_logprobs=[0.0] * (3 + k))
                 for p in prompts for k in range(params.n)]
 
+    def score(self, trajectories, tokenizer):  # the scorer's plain form
+        return self.score_items(trajectories, tokenizer)[:2]
+
     def score_items(self, trajectories, tokenizer):
         scores = [float(k % 2) if t.prompt.index in self.informative else 1.0 for k, t in enumerate(trajectories)]
         return scores, {"reward/correct": sum(scores) / len(scores)}, [{} for _ in scores]
