@@ -463,8 +463,9 @@ class RLTrainer:
             # Group ids unique across ranks, however many groups each kept (dynamic sampling).
             per_rank = self.cfg.data.prompts_per_step // self.dist.world
             batch = build_batch(trajectories, scored.scores, params.n, group_offset=self.dist.rank * per_rank)
-            if scored.padding:  # groups padding a step short of selected ones: out of the loss and its divisor
-                batch.response_mask[torch.tensor(scored.padding, dtype=torch.bool)] = 0
+            padding = getattr(scored, "padding", [])  # (a batch in flight saved before it had the field: none)
+            if padding:  # groups padding a step short of selected ones: out of the loss and its divisor
+                batch.response_mask[torch.tensor(padding, dtype=torch.bool)] = 0
             for loss_mask in (f for f in self.filters if hasattr(f, "loss_mask")):
                 keep, mask_metrics = loss_mask.loss_mask(trajectories)
                 batch.response_mask[torch.tensor([not k for k in keep], dtype=torch.bool)] = 0
