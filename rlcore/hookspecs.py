@@ -191,11 +191,17 @@ def rlcore_batch_filters() -> list:
     both of two methods.
 
     ``select(trajectories, scores, group_size) -> list[int]``: the groups of a round to keep (a
-    group is the ``group_size`` samples of one prompt); with ``max_rounds`` (an int attribute)
-    above 1 the trainer generates more rounds until the step holds one round's number of
-    groups, then pads with groups it left out (DAPO's dynamic sampling; metrics
-    ``dynamic_sampling/*``). ``loss_mask(trajectories) -> (keep, metrics)``: per trajectory,
-    whether its tokens count in the loss (DAPO's overlong filtering).
+    group is the ``group_size`` samples of one prompt; ``scores`` are the shaped ones). A filter
+    with ``reward_items = True`` is called with ``reward_items=`` too: per sample, the reward's own
+    per-item metrics (an ``acc``, ...) and ``score``, its score before any shaper. With
+    ``max_rounds`` (an int attribute; 0 unlimited) other than 1 the trainer generates more rounds,
+    each ``[data] gen_batch_size`` prompts, until the step holds ``[data] prompts_per_step``
+    groups; short of them when the rounds run out it pads with groups left out, which count
+    neither in the loss nor in its divisor (a mini-batch of padding only makes no optimizer step:
+    ``actor/empty_mini_batches``), or, when a filter's ``on_exhausted`` is ``"raise"``, stops the
+    run (DAPO's dynamic sampling; metrics ``dynamic_sampling/*``).
+    ``loss_mask(trajectories) -> (keep, metrics)``: per trajectory, whether its tokens count in
+    the loss (DAPO's overlong filtering).
 
     Enabled by a ``[filters.<name>]`` table (its keys are the filter's options), in the manifest's order.
 

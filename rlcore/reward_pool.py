@@ -439,6 +439,7 @@ class RewardBatch:
     scores: list[float]
     metrics: dict[str, float] = field(default_factory=dict)
     statuses: list[str] = field(default_factory=list)
+    item_metrics: list[dict[str, float]] = field(default_factory=list)  # each item's own (its "acc": dynamic sampling)
 
 
 def _batch(scores: list[float], statuses: list[str], item_metrics: list[dict[str, float]], start: float) -> RewardBatch:
@@ -450,7 +451,7 @@ def _batch(scores: list[float], statuses: list[str], item_metrics: list[dict[str
     for key, values in sums.items():
         metrics[key if key.startswith("reward/") else f"reward/{key}"] = sum(values) / len(values)
     metrics["reward/time_s"] = time.perf_counter() - start
-    return RewardBatch(scores=scores, metrics=metrics, statuses=statuses)
+    return RewardBatch(scores=scores, metrics=metrics, statuses=statuses, item_metrics=item_metrics)
 
 
 def _stopped_here() -> bool:

@@ -40,9 +40,12 @@ class Rounds:
         return [Trajectory(prompt=p, response_ids=[1] * (3 + k), response_mask=[1] * (3 + k), rollout_logprobs=[0.0] * (3 + k))
                 for p in prompts for k in range(params.n)]
 
-    def score(self, trajectories, tokenizer):
+    def score(self, trajectories, tokenizer):  # the scorer's plain form
+        return self.score_items(trajectories, tokenizer)[:2]
+
+    def score_items(self, trajectories, tokenizer):
         scores = [float(k % 2) if t.prompt.index in self.informative else 1.0 for k, t in enumerate(trajectories)]
-        return scores, {"reward/correct": sum(scores) / len(scores)}
+        return scores, {"reward/correct": sum(scores) / len(scores)}, [{} for _ in scores]
 
 
 def _maker(fake, **filling):
@@ -50,7 +53,7 @@ def _maker(fake, **filling):
 
 
 def _rounds(n: int) -> list:
-    return [DynamicSampling(n)]
+    return [DynamicSampling(max_rounds=n)]
 
 
 def test_dynamic_sampling_refills_the_batch_with_informative_groups():
@@ -87,14 +90,22 @@ def test_overlong_punishment_is_added_to_the_scores():
 @pytest.mark.slow
 def test_the_dapo_example_runs_end_to_end_on_a_tiny_model(tmp_path, tiny_model):
     from rlcore.cli import main
-    from rlcore.testing.runs import TINY_RUN, read_metrics, write_run_manifest
+    from rlcore.testing.runs import read_metrics, write_run_manifest
 
     doc = tomllib.loads((ROOT / "examples" / "dapo.toml").read_text())
+    assert doc["data"]["gen_batch_size"] == 3 * doc["data"]["prompts_per_step"]  # as verl's DAPO scripts
+    assert (doc["reward"]["function"], doc["algorithm"]["clip_ratio_c"], doc["trainer"]["weight_decay"]) == ("math_dapo", 10.0, 0.1)
+    # A random tiny model solves nothing: three rounds, then padding rather than verl's stop.
+    sampling = doc["filters"]["dynamic_sampling"] | {"max_generation_rounds": 3, "on_exhausted": "pad"}
+    assert doc["filters"]["dynamic_sampling"]["metric"] == "acc"
+    # The tiny model solves nothing: a reward its samples differ in (a third score 1), so that
+    # dynamic sampling on correctness finds groups.
+    (tmp_path / "rewards.py").write_text("def score(item):\n    return float(sum(map(ord, item.response)) % 3 == 0)\n")
     manifest = write_run_manifest(
         tmp_path, tiny_model, algorithm=doc["algorithm"], rollout={"samples_per_prompt": 4, "temperature": 1.0},
-        filters=doc["filters"] | {"mask_truncated": {}}, shapers={"overlong": {"buffer": 4}},
-        data={"max_response_tokens": 8, "prompts_per_step": 4}, trainer={"steps": 2, "lr": 1e-3},
-        reward=TINY_RUN["reward"],
+        filters={"dynamic_sampling": sampling, "mask_truncated": {}}, shapers={"overlong": {"buffer": 4}},
+        data={"max_response_tokens": 8, "prompts_per_step": 4, "gen_batch_size": 8}, trainer={"steps": 2, "lr": 1e-3},
+        reward={"function": f"python:{tmp_path / 'rewards.py'}:score", "method": None},
     )
     assert main(["run", str(manifest), "--run-dir", str(tmp_path / "run")]) == 0
     rows = [r for r in read_metrics(tmp_path / "run") if "actor/pg_loss" in r]
@@ -104,6 +115,7 @@ def test_the_dapo_example_runs_end_to_end_on_a_tiny_model(tmp_path, tiny_model):
         assert key in rows[0], key
     assert all(1 <= r["dynamic_sampling/rounds"] <= 3 for r in rows)
     assert all(r["dynamic_sampling/groups_kept"] + r["dynamic_sampling/groups_padded"] == 4 for r in rows)
+    assert sum(r["dynamic_sampling/groups_kept"] for r in rows) > 0
     assert all(r["reward/overlong_penalty/mean"] <= 0 for r in rows)
     # Responses cut at max_response_tokens are out of the loss: as many as were cut.
     assert all(r["response_length/masked_truncated"] == r["response_length/clip_ratio"] for r in rows)
@@ -112,8 +124,8 @@ def test_the_dapo_example_runs_end_to_end_on_a_tiny_model(tmp_path, tiny_model):
 def _dapo_text() -> str:
     """examples/dapo.toml on synthetic data (its GSM8K files need preparing)."""
     text = (ROOT / "examples" / "dapo.toml").read_text()
-    return text.replace('"../data/gsm8k/train.parquet"', '"synthetic:addition"').replace(
-        '"../data/gsm8k/test.parquet"', '"synthetic:addition?split=test"')
+    return text.replace('"../data/gsm8k_dapo/train.parquet"', '"synthetic:addition"').replace(
+        '"../data/gsm8k_dapo/test.parquet"', '"synthetic:addition?split=test"')
 
 
 @pytest.mark.parametrize("key, table", [("dynamic_sampling", "[filters.dynamic_sampling]"),

@@ -136,3 +136,19 @@ def test_verl_style_gives_verls_rows_field_for_field(tmp_path):
     }
     assert list(row) == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
     assert list(row["extra_info"]) == ["split", "index", "answer", "question"]
+
+
+def test_dapo_style_asks_for_the_answer_line_math_dapo_reads(tmp_path):
+    """examples/dapo.toml's data: rlcore's rows, with an instruction to end on "Answer: N", which
+    the math_dapo reward extracts (+1 when it is right, -1 otherwise)."""
+    from rlcore.data.gsm8k import DAPO_INSTRUCTION
+
+    records = [{"question": "  Tom has 3 apples. ", "answer": "3 apples.\n#### 1,003"}]
+    (row,) = read_rows(convert(write_jsonl(tmp_path / "test.jsonl", records), tmp_path / "out", style="dapo")["test"])
+    assert row["prompt"] == [{"role": "user", "content": f"Tom has 3 apples. {DAPO_INSTRUCTION}"}]
+    assert row["reward_model"]["ground_truth"] == "1003" and '"Answer: <answer>"' in DAPO_INSTRUCTION
+    try:
+        from rlcore_reward_rule.math_dapo import extract_answer
+    except ImportError:  # the reward plugin is not installed: the row is checked, not its scoring
+        return
+    assert extract_answer("3 + 1000 = 1003.\nAnswer: 1003") == "1003"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from rlcore.manifest.schema import COMPONENT_TABLES, Manifest
+from rlcore.manifest.schema import COMPONENT_MAPS, COMPONENT_TABLES, Manifest
 from rlcore.registry import Registry
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "from-verl.md"
@@ -18,6 +18,9 @@ def _keys_of(table: str, sub: str, registry: Registry) -> set[str]:
         from rlcore.manifest.schema import LoraTable
 
         return set(LoraTable.model_fields)
+    if table in ("filters", "shapers") and sub:  # [filters.dynamic_sampling]: that component's options
+        component = registry.components(COMPONENT_MAPS[table]).get(sub[1:])
+        return set(component.options.model_fields) if component else set()
     model = Manifest.model_fields[table].annotation
     keys = set(getattr(model, "model_fields", {}))
     for _, kind in COMPONENT_TABLES.get(table, []):

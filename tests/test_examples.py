@@ -25,8 +25,10 @@ def test_example_validates(tmp_path, capsys, name):
 
     row = {"prompt": [{"role": "user", "content": "1 + 1?"}], "data_source": "openai/gsm8k",
            "reward_model": {"ground_truth": "2", "style": "rule"}, "extra_info": {"index": 0}}
+    (tmp_path / "data" / "gsm8k_dapo").mkdir()
     for split in ("train", "test"):
         write_parquet([row], data / f"{split}.parquet")
+        write_parquet([row], tmp_path / "data" / "gsm8k_dapo" / f"{split}.parquet")  # examples/dapo.toml's
     assert main(["validate", str(tmp_path / "examples" / name)]) == 0, capsys.readouterr().out
 
 

@@ -239,6 +239,10 @@ def test_examples_say_how_to_make_their_data_then_validate_once_it_is_made(tmp_p
     parser = __import__("argparse").ArgumentParser()
     data_cli.configure(parser)
     assert data_cli.run(parser.parse_args(["gsm8k", "--input", str(source), "--output", "data/gsm8k"])) == 0
+    # examples/dapo.toml's, in the wording its math_dapo reward reads (as its comment says)
+    assert "rlcore data gsm8k --input hub --style dapo --output data/gsm8k_dapo (as the manifest's comment says)" in out
+    assert data_cli.run(parser.parse_args(["gsm8k", "--input", str(source), "--style", "dapo",
+                                           "--output", "data/gsm8k_dapo"])) == 0
     assert main(["validate", *examples]) == 0, capsys.readouterr().out
 
 

@@ -38,13 +38,16 @@ class SlowScorer:
     def __init__(self, clock: Clock):
         self.clock, self.calls = clock, 0
 
-    def score(self, trajectories, tokenizer):
+    def score(self, trajectories, tokenizer):  # the scorer's plain form
+        return self.score_items(trajectories, tokenizer)[:2]
+
+    def score_items(self, trajectories, tokenizer):
         chunk, self.calls = self.calls, self.calls + 1
         self.clock("score_start", chunk)
         time.sleep(SCORE_S)
         self.clock("score_end", chunk)
         return [float(t.prompt.ground_truth) for t in trajectories], {
-            "reward/errors": 1.0, "reward/time_s": SCORE_S, "reward/correct": float(chunk)}
+            "reward/errors": 1.0, "reward/time_s": SCORE_S, "reward/correct": float(chunk)}, [{} for _ in trajectories]
 
 
 def _maker(chunks: int, clock: Clock, prompts: int = 6):

@@ -3,6 +3,7 @@
     rlcore data gsm8k --input gsm8k/train.jsonl --output data/gsm8k
     rlcore data gsm8k --input hub --output data/gsm8k
     rlcore data gsm8k --input gsm8k/ --style verl --output data/gsm8k      # verl's own wording, row for row
+    rlcore data gsm8k --input hub --style dapo --output data/gsm8k_dapo    # "Answer: N" for math_dapo
     rlcore data math --input MATH/ --output data/math                      # the published layout, or jsonl/parquet
     rlcore data synthetic --task addition --size 1000 --seed 1 --output data/add/train.parquet
     rlcore data synthetic --task addition --split test --size 64 --param digits=2 --output data/add/test.parquet
@@ -22,8 +23,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g = sub.add_parser("gsm8k", help="convert GSM8K (question/answer '#### N') into verl-format parquet")
     g.add_argument("--input", required=True, help="a jsonl/parquet file, a directory of them, or 'hub'")
     g.add_argument("--output", required=True, help="directory for <split>.parquet")
-    g.add_argument("--style", choices=["rlcore", "verl"], default="rlcore",
-                   help="the prompt's wording: rlcore's, or verl's preprocessing (the same rows a verl recipe trains on)")
+    g.add_argument("--style", choices=["rlcore", "verl", "dapo"], default="rlcore",
+                   help="the prompt's wording: rlcore's, verl's preprocessing (the same rows a verl recipe trains on), "
+                   "or dapo (a last line 'Answer: N', for the math_dapo reward)")
     m = sub.add_parser("math", help="convert MATH (problem/solution with \\boxed{} answers) into verl-format parquet")
     m.add_argument("--input", required=True, help="MATH's directory (<split>/<subject>/<n>.json), or jsonl/parquet files")
     m.add_argument("--output", required=True, help="directory for <split>.parquet")

@@ -5,6 +5,8 @@ question followed by an instruction to reason and end with ``#### <answer>``, wh
 ``gsm8k`` reward (``rlcore-reward-rule``) looks for. Two wordings: rlcore's own (``style =
 "rlcore"``), and verl's preprocessing (``style = "verl"``: its instruction appended to the question
 as given, its ground-truth extraction), so that a published verl recipe sees the same rows.
+``style = "dapo"`` asks for a last line ``Answer: <answer>`` instead, which the ``math_dapo``
+reward (verl's DAPO scorer, +1 or -1) reads: GSM8K for examples/dapo.toml.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ DATA_SOURCE = "openai/gsm8k"
 HUB_ID, HUB_CONFIG = "openai/gsm8k", "main"
 INSTRUCTION = 'Reason step by step, then write the final answer on its own after "####".'
 VERL_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
-STYLES = ("rlcore", "verl")
+DAPO_INSTRUCTION = 'Reason step by step, then write the final answer alone on the last line, as "Answer: <answer>".'
+STYLES = ("rlcore", "verl", "dapo")
 _FINAL = re.compile(r"####\s*(-?[\d,]*\.?\d+)\s*$")
 _VERL_FINAL = re.compile(r"#### (\-?[0-9\.\,]+)")  # verl's extraction: the first "#### N"
 
@@ -48,10 +51,11 @@ def to_rows(records: list[dict[str, Any]], split: str, source: str, style: str =
                 f"{source}: row {i} needs the text fields 'question' and 'answer' (GSM8K's format); "
                 f"its fields: {', '.join(sorted(record)) or '(none)'}"
             )
-        truth = final_answer(answer) if style == "rlcore" else verl_answer(answer)
+        truth = verl_answer(answer) if style == "verl" else final_answer(answer)
         if truth is None:
             raise RlcoreError(f"{source}: row {i}: the answer does not end with '#### <number>': {answer[-60:]!r}")
-        content = f"{question.strip()} {INSTRUCTION}" if style == "rlcore" else f"{question} {VERL_INSTRUCTION}"
+        content = (f"{question} {VERL_INSTRUCTION}" if style == "verl"
+                   else f"{question.strip()} {DAPO_INSTRUCTION if style == 'dapo' else INSTRUCTION}")
         rows.append(
             {
                 "data_source": DATA_SOURCE,
@@ -59,7 +63,7 @@ def to_rows(records: list[dict[str, Any]], split: str, source: str, style: str =
                 "ability": "math",
                 "reward_model": {"style": "rule", "ground_truth": truth},
                 # verl writes the answer before the question: the same struct, field for field.
-                "extra_info": ({"split": split, "index": i, "question": question, "answer": answer} if style == "rlcore"
+                "extra_info": ({"split": split, "index": i, "question": question, "answer": answer} if style != "verl"
                                else {"split": split, "index": i, "answer": answer, "question": question}),
             }
         )

@@ -32,6 +32,15 @@ def check_resolved(manifest: ResolvedManifest) -> list[str]:
                 f"{what} compares samples of one prompt, so with samples_per_prompt = "
                 f"{core.rollout.samples_per_prompt} {then}; use 2 or more",
             )
+    d = core.data
+    if d.gen_batch_size and d.gen_batch_size != d.prompts_per_step and \
+            not any(role.startswith("filters.") for role in manifest.selected):
+        problem(
+            "data.gen_batch_size",
+            f"gen_batch_size = {d.gen_batch_size} differs from prompts_per_step = {d.prompts_per_step}, and with no "
+            "batch filter ([filters.dynamic_sampling]) every generated group trains; set prompts_per_step to the groups "
+            "a step should train on, or add a filter that selects them",
+        )
     if core.model.dtype != "float32":
         warnings.append(
             f"model.dtype = {core.model.dtype!r} stores the trainable weights and optimizer state in {core.model.dtype}: "

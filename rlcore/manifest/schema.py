@@ -79,7 +79,13 @@ class DataTable(Table):
     )
     val: str | dict[str, Any] | None = Field(None, description="validation set, same forms (a source with splits "
                                              "gives val its test split)")
-    prompts_per_step: int = Field(16, ge=1)
+    prompts_per_step: int = Field(16, ge=1, description="prompt groups a step trains on")
+    gen_batch_size: int = Field(
+        0, ge=0,
+        description="prompts generated each round, of which a batch filter's selected groups are kept until the step "
+        "holds prompts_per_step ([filters.dynamic_sampling]; verl's data.gen_batch_size, 3x the train batch in its "
+        "DAPO scripts); 0 = prompts_per_step",
+    )
     max_prompt_tokens: int = Field(512, ge=1)
     max_response_tokens: int = Field(256, ge=1)
     val_max_prompts: int | None = Field(None, ge=1, description="evaluate on at most this many validation prompts")
@@ -224,7 +230,7 @@ class TrainerTable(Table):
     total_epochs: float | None = Field(
         None, gt=0, le=10_000,
         description="train for this many passes over data.train instead: steps = ceil(total_epochs x usable "
-        "prompts / prompts_per_step), computed once the data is loaded",
+        "prompts / prompts_per_step (gen_batch_size when set)), computed once the data is loaded",
     )
     lr: float = Field(1e-6, gt=0)
     warmup_steps: int = Field(0, ge=0)

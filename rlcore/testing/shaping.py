@@ -21,7 +21,8 @@ MAX_RESPONSE_TOKENS = 8
 
 def _context() -> BuildContext:
     """A run's context as far as these kinds need it: the manifest's data and rollout keys."""
-    return BuildContext(manifest={"data": {"max_response_tokens": MAX_RESPONSE_TOKENS, "max_prompt_tokens": 8},
+    return BuildContext(manifest={"data": {"max_response_tokens": MAX_RESPONSE_TOKENS, "max_prompt_tokens": 8,
+                                           "prompts_per_step": 3, "gen_batch_size": 0},
                                   "rollout": {"samples_per_prompt": GROUP_SIZE}})
 
 
@@ -75,7 +76,8 @@ def check_score_shaper(component: Component | Any, options: Any = None, context:
 
 def check_batch_filter(component: Component | Any, options: Any = None, context: BuildContext | None = None) -> None:
     """It implements ``select`` or ``loss_mask`` (or both). ``select``: sorted, distinct group
-    indices within range; deterministic; ``max_rounds`` an int of 1 or more. ``loss_mask``: one
+    indices within range; deterministic (given ``reward_items`` when it asks for them);
+    ``max_rounds`` an int of 0 (unlimited) or more; ``on_exhausted`` pad or raise. ``loss_mask``: one
     bool per trajectory and finite metrics; deterministic."""
     selector = _build(component, options, context)
     assert hasattr(selector, "select") or hasattr(selector, "loss_mask"), "a batch filter needs select or loss_mask"
@@ -83,11 +85,16 @@ def check_batch_filter(component: Component | Any, options: Any = None, context:
     groups = len(scores) // GROUP_SIZE
     if hasattr(selector, "select"):
         rounds = getattr(selector, "max_rounds", 1)
-        assert isinstance(rounds, int) and rounds >= 1, f"max_rounds must be an int of 1 or more, got {rounds!r}"
-        kept = list(selector.select(trajectories, list(scores), GROUP_SIZE))
+        assert isinstance(rounds, int) and rounds >= 0, f"max_rounds must be an int of 0 (unlimited) or more, got {rounds!r}"
+        exhausted = getattr(selector, "on_exhausted", "pad")
+        assert exhausted in ("pad", "raise"), f"on_exhausted must be 'pad' or 'raise', got {exhausted!r}"
+        extra = {}
+        if getattr(selector, "reward_items", False):  # as the trainer gives them: the reward's acc, its raw score
+            extra["reward_items"] = [{"acc": s, "score": s} for s in scores]
+        kept = list(selector.select(trajectories, list(scores), GROUP_SIZE, **extra))
         assert all(isinstance(g, int) and 0 <= g < groups for g in kept), f"group indices out of range: {kept}"
         assert kept == sorted(set(kept)), f"select must return sorted, distinct group indices, got {kept}"
-        assert list(selector.select(trajectories, list(scores), GROUP_SIZE)) == kept, "select is not deterministic"
+        assert list(selector.select(trajectories, list(scores), GROUP_SIZE, **extra)) == kept, "select is not deterministic"
     if hasattr(selector, "loss_mask"):
         keep, metrics = selector.loss_mask(trajectories)
         keep = list(keep)

@@ -147,6 +147,7 @@ class Actor(precision.TrainedRole):
 
         out = run_updates(self, batch, epochs=self.cfg.algorithm.ppo_epochs, batching=self.batching, dist=self.dist,
                           grad_clip=self.cfg.trainer.grad_clip, mini_batch=mini_batch, prefix="actor")
+        out.setdefault("actor/pg_loss", 0.0)  # a batch of padding only: nothing weighs in the loss
         if "actor/entropy" in out:
             out["actor/entropy_loss"] = out["actor/entropy"]  # verl's older name for the same mean entropy
         if gap is not None:

@@ -133,6 +133,13 @@ class RLTrainer:
         # Score shapers and batch filters ([shapers.NAME], [filters.NAME]), in the manifest's order.
         self.shapers = [s.component.build(s.options, context) for s in self.manifest.roles("shapers")]
         self.filters = [s.component.build(s.options, context) for s in self.manifest.roles("filters")]
+        d = cfg.data
+        if d.gen_batch_size and d.gen_batch_size != d.prompts_per_step and not any(hasattr(f, "select") for f in self.filters):
+            raise UsageError(
+                f"{self.manifest.path}: [data] gen_batch_size = {d.gen_batch_size} differs from prompts_per_step = "
+                f"{d.prompts_per_step}, and with no batch filter selecting groups ([filters.dynamic_sampling]) every "
+                "generated group would train; set prompts_per_step to the groups a step trains on"
+            )
         engine = self._engine(context)
         if self.dist.sharded and not engine.shares_actor and cfg.model.lora is not None:
             raise UsageError(
@@ -199,7 +206,8 @@ class RLTrainer:
     def _scheduler(self, engine, in_flight: list | None = None):
         """Rollout and training take turns, or rollouts run in the background ([rollout] max_staleness)."""
         staleness = self.cfg.rollout.max_staleness
-        filling = Filling(shapers=self.shapers, filters=self.filters, score_chunks=self.cfg.rollout.score_chunks)
+        filling = Filling(shapers=self.shapers, filters=self.filters, score_chunks=self.cfg.rollout.score_chunks,
+                          groups=self.cfg.data.prompts_per_step // self.dist.world)
         maker = BatchMaker(self.scorer, self.tokenizer, self._step_inputs, filling)
         common = (self.rollout, maker, self.actor.weights_for_engine, self.step, self.cursor)
         if staleness is None:
@@ -220,7 +228,7 @@ class RLTrainer:
 
     def _step_inputs(self, step: int, cursor: DataCursor | MixedCursor) -> tuple[list[Prompt], SamplingParams]:
         """Step ``step``'s prompts (this rank's share; ``cursor`` advances past them) and sampling."""
-        indices = cursor.take(self.cfg.data.prompts_per_step)
+        indices = cursor.take(self.cfg.data.gen_batch_size or self.cfg.data.prompts_per_step)
         local = self.dist.shard(list(range(len(indices))))
         return [self.train_set.prompts[indices[i]] for i in local], self._sampling(train=True, step=step)
 
@@ -323,9 +331,12 @@ class RLTrainer:
         self.cursor = self._cursor()
         t = self.cfg.trainer
         if t.steps is None:  # total_epochs: as many steps as that many passes over the usable prompts take
-            t.steps = max(1, math.ceil(t.total_epochs * len(self.train_set.prompts) / d.prompts_per_step))
+            # A step draws gen_batch_size prompts at least (a batch filter's further rounds are not
+            # foreseen, as in verl, whose epoch is its gen_batch_size batches).
+            drawn = d.gen_batch_size or d.prompts_per_step
+            t.steps = max(1, math.ceil(t.total_epochs * len(self.train_set.prompts) / drawn))
             logger.info("total_epochs = {:g}: {} steps of {} prompts over {} usable prompts", t.total_epochs, t.steps,
-                        d.prompts_per_step, len(self.train_set.prompts))
+                        drawn, len(self.train_set.prompts))
 
     def _cursor(self) -> DataCursor | MixedCursor:
         """Where the training prompts come from: one shuffled order, or per-source orders mixed in
@@ -452,6 +463,9 @@ class RLTrainer:
             # Group ids unique across ranks, however many groups each kept (dynamic sampling).
             per_rank = self.cfg.data.prompts_per_step // self.dist.world
             batch = build_batch(trajectories, scored.scores, params.n, group_offset=self.dist.rank * per_rank)
+            padding = getattr(scored, "padding", [])  # (a batch in flight saved before it had the field: none)
+            if padding:  # groups padding a step short of selected ones: out of the loss and its divisor
+                batch.response_mask[torch.tensor(padding, dtype=torch.bool)] = 0
             for loss_mask in (f for f in self.filters if hasattr(f, "loss_mask")):
                 keep, mask_metrics = loss_mask.loss_mask(trajectories)
                 batch.response_mask[torch.tensor([not k for k in keep], dtype=torch.bool)] = 0

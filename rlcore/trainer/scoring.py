@@ -71,6 +71,12 @@ class Scorer:
         check_reward_data(self.reward_fn, prompts, source_name)
 
     def score(self, trajectories: list[Trajectory], tokenizer) -> tuple[list[float], dict[str, float]]:
+        """Each trajectory's score (its agent loop's step rewards added) and the batch's reward metrics."""
+        scores, metrics, _ = self.score_items(trajectories, tokenizer)
+        return scores, metrics
+
+    def score_items(self, trajectories: list[Trajectory], tokenizer) -> tuple[list[float], dict[str, float], list[dict[str, float]]]:
+        """As :meth:`score`, and each item's own reward metrics (an ``acc`` for dynamic sampling)."""
         groups: dict[int, int] = {}
         items = [
             RewardInput(
@@ -95,7 +101,7 @@ class Scorer:
                 result = self.runner.score(items)
             progress.advance(len(items))
         scores = [s + t.step_reward for s, t in zip(result.scores, trajectories)]
-        return scores, dict(result.metrics)
+        return scores, dict(result.metrics), list(result.item_metrics) or [{} for _ in scores]
 
     def close(self) -> None:
         if self.runner is not None:

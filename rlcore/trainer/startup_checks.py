@@ -17,6 +17,11 @@ def batch_divides(manifest, world: int) -> None:
             f"{manifest.path}: [data] prompts_per_step = {cfg.data.prompts_per_step} must be divisible by the number of "
             f"ranks ({world}) times [algorithm] mini_batches ({cfg.algorithm.mini_batches})"
         )
+    if cfg.data.gen_batch_size % world:
+        raise UsageError(
+            f"{manifest.path}: [data] gen_batch_size = {cfg.data.gen_batch_size} must be divisible by the number of "
+            f"ranks ({world}): each rank generates an equal share of every round"
+        )
 
 
 def context_fits(manifest, model: Any) -> None:

@@ -11,6 +11,8 @@ and averages the metrics over mini-batches and epochs.
 from __future__ import annotations
 
 import math
+import re
+import warnings
 from collections import defaultdict
 from typing import Any, Callable
 
@@ -35,6 +37,11 @@ def run_updates(role, batch: RolloutBatch, *, epochs: int, batching: Batching, d
     sums: dict[str, list[float]] = defaultdict(list)
     for _ in range(epochs):
         for rows in batching.mini_batches(batch):
+            if not dist.sum(float(batch.response_mask[rows].sum())):
+                # Nothing in the loss on any rank (dynamic sampling's padding): no step, which on a
+                # zero gradient would still move the weights by the optimizer's momentum and decay.
+                sums[f"{prefix}/empty_mini_batches"].append(1.0)
+                continue
             role.optimizer.zero_grad(set_to_none=True)
             micro_step = mini_batch(rows)
             # Metrics stay on the device until the mini-batch ends: a read-back per micro-batch
@@ -60,5 +67,13 @@ def run_updates(role, batch: RolloutBatch, *, epochs: int, batching: Batching, d
             acc[f"{prefix}/grad_norm"] = grad_norm
             for key, value in acc.items():
                 sums[key].append(value)
-    role.scheduler.step()
-    return {k: sum(v) / len(v) for k, v in sums.items()}
+    empty = f"{prefix}/empty_mini_batches"
+    with warnings.catch_warnings():
+        if empty in sums and f"{prefix}/grad_norm" not in sums:  # no step this time, and maybe never yet
+            warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()` before `optimizer.step()`"))
+        role.scheduler.step()  # once a batch, as always: the schedule counts trainer steps
+    out = {k: sum(v) / len(v) for k, v in sums.items()}
+    if empty in sums:  # a count, not a mean; a batch of padding only has no gradient at all
+        out[empty] = float(len(sums[empty]))
+        out.setdefault(f"{prefix}/grad_norm", 0.0)
+    return out

@@ -57,6 +57,29 @@ def test_components_by_hand():
     assert keep == [True, False, True] and metrics == {"response_length/masked_truncated": 1 / 3}
 
 
+def test_dynamic_sampling_filters_on_acc_or_on_the_penalised_score():
+    """Two samples a prompt: group 0 both correct but penalised differently for their lengths
+    (scores 0.5, 0.0), group 1 correct and wrong, group 2 both wrong. acc (the reward's, before
+    the penalty) keeps group 1 alone; score keeps 0 and 1. A reward reporting no acc: its score."""
+    component = registry().get("batch_filter", "dynamic_sampling")
+    shaped = [0.5, 0.0, 1.0, 0.0, 0.0, 0.0]
+    items = [{"acc": 1.0, "score": 1.0}, {"acc": 1.0, "score": 1.0}, {"acc": 1.0, "score": 1.0},
+             {"acc": 0.0, "score": -1.0}, {"acc": 0.0, "score": -1.0}, {"acc": 0.0, "score": -1.0}]
+    by_acc, by_score = component.build({}), component.build({"metric": "score"})
+    assert by_acc.reward_items and by_acc.metric == "acc"
+    assert by_acc.select([], shaped, 2, reward_items=items) == [1]
+    assert by_score.select([], shaped, 2, reward_items=items) == [0, 1]
+    plain = [{"score": s} for s in (1.0, 1.0, 1.0, 0.0, 0.0, 0.0)]
+    assert by_acc.select([], shaped, 2, reward_items=plain) == [1]
+    with pytest.raises(UsageError, match=r"max_generation_rounds = 2 rounds of \[data\] gen_batch_size = 3 prompts "
+                                         r"cannot fill a step of data.prompts_per_step = 8"):
+        component.build({"max_generation_rounds": 2},
+                        BuildContext(manifest={"data": {"prompts_per_step": 8, "gen_batch_size": 3}}))
+    unlimited = component.build({"max_generation_rounds": 0},
+                                BuildContext(manifest={"data": {"prompts_per_step": 8, "gen_batch_size": 3}}))
+    assert unlimited.max_rounds == 0 and unlimited.on_exhausted == "pad"
+
+
 def test_the_overlong_buffer_must_fit_the_length():
     component = registry().get("score_shaper", "overlong")
     with pytest.raises(UsageError, match=r"buffer = 8 is longer than \[data\] max_response_tokens = 4"):
@@ -64,6 +87,8 @@ def test_the_overlong_buffer_must_fit_the_length():
 
 
 @pytest.mark.parametrize("name, options", [("dynamic_sampling", {}), ("dynamic_sampling", {"max_generation_rounds": 1}),
+                                           ("dynamic_sampling", {"max_generation_rounds": 0, "on_exhausted": "raise",
+                                                                 "metric": "score"}),
                                            ("mask_truncated", {})])
 def test_batch_filters_pass_their_kit(name, options):
     check_batch_filter(registry().get("batch_filter", name), options)

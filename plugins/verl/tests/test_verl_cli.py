@@ -112,17 +112,15 @@ def test_the_seq_balance_mixture_needs_one_train_file_then_validates(home, tmp_p
 def test_dapo_maps_onto_todays_algorithm_keys(home, tmp_path, capfd):
     out = tmp_path / "dapo.toml"
     code, _, err = from_verl(capfd, str(SCRIPTS / "dapo.sh"), "--out", str(out))
-    assert code == 1  # verl filters on acc, before the overlong penalty; rlcore after it
-    assert "ESSENTIAL algorithm.filter_groups.metric = 'acc' (dapo.sh:83)" in err
-    assert "NOT MAPPED" in out.read_text()
-    code, _, err = from_verl(capfd, str(SCRIPTS / "dapo.sh"), "algorithm.filter_groups.metric=seq_final_reward",
-                             "--out", str(out), "--force")
-    assert code == 0, err
-    assert "its verl command has no \"$@\"" in err
+    assert code == 0, err  # verl's metric = acc, max_num_gen_batches and gen_batch_size all map
+    assert "algorithm.filter_groups" not in err and "data.gen_batch_size" not in err
     doc = table(out)
     dapo = {"clip_ratio_high": 0.28, "clip_ratio_c": 10.0}
     assert {k: doc["algorithm"][k] for k in dapo} == dapo
-    assert doc["filters"] == {"dynamic_sampling": {"max_generation_rounds": 10}}  # rlcore-algo-dapo's tables
+    # rlcore-algo-dapo's tables
+    assert doc["filters"] == {"dynamic_sampling": {"max_generation_rounds": 10, "on_exhausted": "raise", "metric": "acc"}}
+    assert doc["data"]["gen_batch_size"] == 3 * doc["data"]["prompts_per_step"]  # the script's gen_prompt_bsz
+    assert "algorithm.filter_groups.metric" in out.read_text()  # each line names its verl key
     assert doc["shapers"] == {"overlong": {"buffer": 4096, "penalty": 1.0}}
     assert doc["trainer"]["weight_decay"] == 0.1 and doc["trainer"]["warmup_steps"] == 10
     assert doc["launcher"] == {"name": "ray", "workers": 128, "gpus_per_worker": 1, "job": True,

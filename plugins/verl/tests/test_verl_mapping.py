@@ -176,19 +176,26 @@ def test_dapo_dynamic_sampling_and_overlong_buffer():
             "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4096",
             "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
             "data.max_response_length=20480", R + "n=16")
-    c = conv(*base, "+algorithm.filter_groups.metric=seq_final_reward")
-    assert value(c, "filters.dynamic_sampling", "max_generation_rounds") == 10
+    c = conv(*base, "+algorithm.filter_groups.metric=acc")
+    sampling = {k: value(c, "filters.dynamic_sampling", k) for k in ("max_generation_rounds", "on_exhausted", "metric")}
+    assert sampling == {"max_generation_rounds": 10, "on_exhausted": "raise", "metric": "acc"}
     assert (value(c, "shapers.overlong", "buffer"), value(c, "shapers.overlong", "penalty")) == (4096, 1.0)
-    assert "algorithm.filter_groups.metric" not in unmapped(c)  # rlcore filters on the final score too
-    # acc: the scorer's correctness, before the overlong penalty; rlcore filters after it
-    reason, essential = unmapped(conv(*base, "+algorithm.filter_groups.metric=acc"))["algorithm.filter_groups.metric"]
-    assert essential and "kept by rlcore and dropped by verl" in reason
-    # without the penalty, acc and the final score choose the same groups
-    c = conv(*base[:2], "+algorithm.filter_groups.metric=acc", R + "n=16")
-    assert "algorithm.filter_groups.metric" not in unmapped(c)
+    assert not {"algorithm.filter_groups.metric", "algorithm.filter_groups.max_num_gen_batches"} & set(unmapped(c))
+    # verl's seq_reward, and seq_final_reward without the KL in the reward: the penalised score
+    for metric in ("seq_reward", "seq_final_reward"):
+        c = conv(*base, f"+algorithm.filter_groups.metric={metric}")
+        assert value(c, "filters.dynamic_sampling", "metric") == "score"
+        assert not unmapped(c).get("algorithm.filter_groups.metric")
+    # verl's score field: the reward's score before the penalty, rlcore's acc when the reward reports no acc
+    assert value(conv(*base, "+algorithm.filter_groups.metric=score"), "filters.dynamic_sampling", "metric") == "acc"
+    reason, essential = unmapped(conv(*base, "+algorithm.filter_groups.metric=seq_final_reward",
+                                      "algorithm.use_kl_in_reward=True"))["algorithm.filter_groups.metric"]
+    assert essential and "never on the KL penalty" in reason
+    reason, essential = unmapped(conv(*base, "+algorithm.filter_groups.metric=pred"))["algorithm.filter_groups.metric"]
+    assert essential and "'pred': a field of verl's reward output" in reason
     c = conv("+algorithm.filter_groups.enable=True", "+algorithm.filter_groups.metric=seq_final_reward", R + "n=4")
-    assert value(c, "filters.dynamic_sampling", "max_generation_rounds") == 64  # verl's 0: unlimited
-    assert "unlimited" in unmapped(c)["algorithm.filter_groups.max_num_gen_batches"][0]
+    assert value(c, "filters.dynamic_sampling", "max_generation_rounds") == 0  # verl's 0: unlimited, and rlcore's
+    assert "algorithm.filter_groups.max_num_gen_batches" not in unmapped(c)
 
 
 @pytest.mark.parametrize("prefix", ["reward_model.overlong_buffer.", "reward.reward_kwargs.overlong_buffer_cfg."])
@@ -201,8 +208,15 @@ def test_dapo_over_generation_and_a_different_max_resp_len():
     c = conv("data.gen_batch_size=1536", "data.train_batch_size=512", "reward.reward_kwargs.overlong_buffer_cfg.enable=True",
              "reward.reward_kwargs.overlong_buffer_cfg.len=512", "reward.reward_kwargs.max_resp_len=4096",
              module="recipe.dapo.main_dapo")
-    assert not unmapped(c)["data.gen_batch_size"][1]
+    # without filter_groups verl trains every generated group: rlcore's batch would differ
+    reason, essential = unmapped(c)["data.gen_batch_size"]
+    assert essential and "trains every generated group, 1536 a step" in reason
     assert unmapped(c)["reward.reward_kwargs.max_resp_len"][1]
+    c = conv("data.gen_batch_size=1536", "data.train_batch_size=512", "algorithm.filter_groups.enable=True",
+             module="recipe.dapo.main_dapo")
+    assert (value(c, "data", "gen_batch_size"), value(c, "data", "prompts_per_step")) == (1536, 512)
+    assert "data.gen_batch_size" not in unmapped(c)
+    assert value(conv("data.gen_batch_size=512", "data.train_batch_size=512"), "data", "gen_batch_size") is None
 
 
 def test_launchers():

@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from rlcore.components import Options
 
 
 class DynamicSamplingOptions(Options):
+    metric: Literal["acc", "score"] = Field(
+        "acc",
+        description="what a group's samples must differ in to be kept: acc, their correctness before the score shapers "
+        "(the reward's acc where it reports one, else its score; the DAPO paper's and verl's metric = acc); score, "
+        "the score trained on, the overlong penalty included (verl's seq_reward)",
+    )
     max_generation_rounds: int = Field(
-        3, ge=1, le=64, description="generation rounds a step takes at most to fill its batch with informative groups"
+        3, ge=0,
+        description="generation rounds a step takes at most to fill its batch with informative groups, the first "
+        "included (verl's max_num_gen_batches); 0 = unlimited",
+    )
+    on_exhausted: Literal["pad", "raise"] = Field(
+        "pad",
+        description="out of rounds with too few informative groups: pad, fill the step with uniform groups that are "
+        "left out of the loss and its divisor (the update is the one of the groups found); raise, stop the run with "
+        "an error (verl)",
     )
 
 

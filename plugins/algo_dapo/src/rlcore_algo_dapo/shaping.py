@@ -28,3 +28,28 @@ def informative_groups(scores: Sequence[float], group_size: int, tolerance: floa
         if max(values) - min(values) > tolerance:
             kept.append(group)
     return kept
+
+
+FILTER_METRICS = ("acc", "score")  # [filters.dynamic_sampling] metric
+
+
+def accuracies_of(reward_items: Sequence[dict[str, float]]) -> list[float]:
+    """Each sample's correctness: the ``acc`` its reward reported (verl's field of that name), else
+    its score before any score shaper (as verl's DAPO reward manager)."""
+    return [float(m.get("acc", m["score"])) for m in reward_items]
+
+
+def filter_values(metric: str, scores: Sequence[float], accuracies: Sequence[float]) -> Sequence[float]:
+    """Per sample, what dynamic sampling compares within a group. ``acc``: correctness, before the
+    overlong penalty, as the DAPO paper and verl's ``metric = acc``; ``score``: the score trained
+    on, the overlong penalty included (verl's ``seq_reward``), which also keeps an all-correct
+    group whose samples were penalised differently for their lengths."""
+    if metric == "acc":
+        values = accuracies
+    elif metric == "score":
+        values = scores
+    else:
+        raise ValueError(f"unknown dynamic sampling metric {metric!r}; expected one of {', '.join(FILTER_METRICS)}")
+    if len(values) != len(scores):
+        raise ValueError(f"{len(values)} {metric} values for {len(scores)} samples")
+    return values

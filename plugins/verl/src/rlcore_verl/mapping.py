@@ -741,42 +741,30 @@ def reward(c: Conversion) -> None:
 @rule
 def dapo(c: Conversion) -> None:
     """The DAPO recipe's keys -> the rlcore-algo-dapo plugin's tables: [filters.dynamic_sampling]
-    (its max_generation_rounds always written, so the table is there) and [shapers.overlong]."""
-    if as_bool(c.get("algorithm.filter_groups.enable")):
+    (its metric, its rounds and what happens when they run out, always written, so the table is
+    there), [data] gen_batch_size (over-generation) and [shapers.overlong]."""
+    filtering = as_bool(c.get("algorithm.filter_groups.enable"))
+    if filtering:
         c.handled.add("algorithm.filter_groups.enable")
-        rounds = c.int("algorithm.filter_groups.max_num_gen_batches", 0)
-        most = 64
-        if 0 < rounds <= most:
-            c.put(DYNAMIC_SAMPLING, "max_generation_rounds", rounds, "algorithm.filter_groups.enable",
-                  "algorithm.filter_groups.max_num_gen_batches",
-                  note="verl stops the run when they are used up; rlcore fills the step with uniform groups")
-        else:
-            c.put(DYNAMIC_SAMPLING, "max_generation_rounds", most, "algorithm.filter_groups.enable",
-                  "algorithm.filter_groups.max_num_gen_batches",
-                  note=f"verl: {'unlimited' if rounds <= 0 else rounds}; rlcore's most")
-            c.unmapped.append(Unmapped("algorithm.filter_groups.max_num_gen_batches",
-                                       f"{rounds} ({'unlimited' if rounds <= 0 else 'more than 64'}): rlcore generates "
-                                       f"at most {most} rounds a step", False, c.cfg.origin("algorithm.filter_groups.max_num_gen_batches")))
-        metric = c.get("algorithm.filter_groups.metric")
-        c.use("algorithm.filter_groups.metric")
-        overlong_on = _overlong(c)[0]
-        if metric in ("seq_final_reward", "seq_reward"):
-            pass  # rlcore filters on the final score, penalty included: the same groups
-        elif metric in ("acc", "score") and not overlong_on:
-            pass  # without the overlong penalty the final score is the scorer's: the same groups
-        else:
-            why = ("rlcore filters on the final score (the overlong penalty included), verl here on the scorer's "
-                   f"{metric!r} before it: a group all correct but differently penalised is kept by rlcore and dropped "
-                   "by verl") if metric in ("acc", "score") else f"{metric!r}: rlcore filters on the final score"
-            c.skip("algorithm.filter_groups.metric", why, essential=True, always=True)
+        rounds = max(0, c.int("algorithm.filter_groups.max_num_gen_batches", 0))
+        c.put(DYNAMIC_SAMPLING, "max_generation_rounds", rounds, "algorithm.filter_groups.enable",
+              "algorithm.filter_groups.max_num_gen_batches", note="0 = unlimited" if not rounds else "")
+        c.put(DYNAMIC_SAMPLING, "on_exhausted", "raise", "algorithm.filter_groups.max_num_gen_batches",
+              note="verl stops the run when its rounds are used up")
+        _filter_metric(c)
     else:
         c.use("algorithm.filter_groups.enable", "algorithm.filter_groups.max_num_gen_batches",
               "algorithm.filter_groups.metric")
     gen = c.get("data.gen_batch_size")
     c.use("data.gen_batch_size")
     if gen is not None and c.int("data.gen_batch_size") != c.int("data.train_batch_size"):
-        c.skip("data.gen_batch_size", f"{gen}: rlcore generates data.prompts_per_step prompts a round (no "
-               "over-generation); dynamic sampling then adds rounds", always=True)
+        if filtering:
+            c.put("data", "gen_batch_size", c.int("data.gen_batch_size"), "data.gen_batch_size",
+                  note="prompts generated a round; the step keeps prompts_per_step informative groups")
+        else:
+            c.skip("data.gen_batch_size", f"{gen}: without filter_groups verl trains every generated group, "
+                   f"{gen} a step, where rlcore trains data.train_batch_size = {c.get('data.train_batch_size')}; "
+                   "set data.train_batch_size to it", essential=True, always=True)
     on, length, factor, sources, max_len_key = _overlong(c)
     if on:
         c.put(OVERLONG, "buffer", int(length), *sources[:2])
@@ -787,6 +775,29 @@ def dapo(c: Conversion) -> None:
                    f"({c.get('data.max_response_length')})", essential=True)
         else:
             c.use(max_len_key)
+
+
+def _filter_metric(c: Conversion) -> None:
+    """verl's filter_groups.metric -> [filters.dynamic_sampling] metric. verl's acc is the reward's
+    acc field (its score, before the overlong penalty, when it returns a plain number); seq_reward
+    the score with the penalty; seq_final_reward that with the KL penalty in the reward too; score
+    the reward's own score field, before the penalty."""
+    key = "algorithm.filter_groups.metric"
+    metric = c.get(key)
+    if metric in (None, "acc"):
+        c.put(DYNAMIC_SAMPLING, "metric", "acc", key,
+              note="" if metric else "verl's DAPO scripts' acc (the key was not set)")
+    elif metric == "seq_reward" or (metric == "seq_final_reward" and not as_bool(c.get("algorithm.use_kl_in_reward"))):
+        c.put(DYNAMIC_SAMPLING, "metric", "score", key, note="the score with the overlong penalty")
+    elif metric == "score":
+        c.put(DYNAMIC_SAMPLING, "metric", "acc", key,
+              note="the reward's score before the overlong penalty, or the acc it reports (math_dapo: the same groups)")
+    elif metric == "seq_final_reward":
+        c.skip(key, "seq_final_reward with use_kl_in_reward: rlcore filters on the score (with the overlong penalty) "
+               'or the correctness, never on the KL penalty; metric = "score" is the nearest', essential=True)
+    else:
+        c.skip(key, f"{metric!r}: a field of verl's reward output; rlcore's dynamic sampling filters on acc (the "
+               "reward's acc, else its score) or score (with the overlong penalty)", essential=True)
 
 
 DYNAMIC_SAMPLING, OVERLONG = "filters.dynamic_sampling", "shapers.overlong"  # rlcore-algo-dapo's tables
