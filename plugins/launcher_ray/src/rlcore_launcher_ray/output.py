@@ -29,7 +29,8 @@ import re
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 # "\x1b]rl;<token>;<seq>\x07" at the start of a line: an OSC sequence, invisible on a terminal.
 MARK = "\x1b]rl;{token};{seq}\x07"
@@ -139,7 +140,7 @@ class OutputDrain:
     def received(self) -> Counter[tuple[str, bool]]:
         return self._filter.received if self._filter is not None else Counter()
 
-    def __enter__(self) -> "OutputDrain":
+    def __enter__(self) -> OutputDrain:
         return self
 
     def __exit__(self, *exc: object) -> None:
