@@ -171,7 +171,9 @@ def ray_two_nodes(_ray_drivers_on_loopback):
     (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which keeps Ray on 127.0.0.1) ``ray start`` refuses
     to add a node; the second node is started through ``JOIN_ON_LOOPBACK``, which lifts that
     refusal alone. (Without single-host mode the second node would register and dial the GCS at
-    the host's own IP.) Each ``ray start --block`` runs in a process group of its own, stopped at
+    the host's own IP.) The two raylets share ``--temp-dir`` and so one session directory: both
+    log monitors publish every worker's lines (test_ray_two_nodes.py checks that the driver prints
+    each once). Each ``ray start --block`` runs in a process group of its own, stopped at
     the end (the worker node first)."""
     pytest.importorskip("ray", reason='the ray launcher tests need Ray: pip install "ray[default]"')
     temp_dir = tempfile.mkdtemp(prefix="rl2n", dir="/tmp")

@@ -1,4 +1,5 @@
-"""OutputDrain and LineCount without a cluster: what the launcher waits for, and for how long."""
+"""OutputDrain, the line filter and LineCount without a cluster: every line once, and what the
+launcher waits for, and for how long."""
 
 from __future__ import annotations
 
@@ -6,12 +7,15 @@ import io
 import threading
 import time
 
-from rlcore_launcher_ray.output import LineCount, OutputDrain
+from rlcore_launcher_ray.output import MARK, LineCount, OutputDrain
 
 
 class FakeDispatcher:
+    """Ray's dispatcher of forwarded lines, with its printing handler recording what it prints."""
+
     def __init__(self, printing: bool = True):
-        self.handlers = [("ray_print_logs", print)] if printing else []
+        self.printed: list[dict] = []
+        self.handlers = [("ray_print_logs", self.printed.append)] if printing else []
 
     def add_handler(self, name, handler):
         self.handlers.append((name, handler))
@@ -20,18 +24,45 @@ class FakeDispatcher:
         self.handlers = [h for h in self.handlers if h[0] != name]
 
     def emit(self, data):
-        for name, handler in self.handlers:
-            if name != "ray_print_logs":
-                handler(data)
+        for _, handler in self.handlers:
+            handler(data)
+
+    def lines(self, pid=7, is_err=False):
+        return [line for d in self.printed if d["pid"] == pid and d["is_err"] == is_err for line in d["lines"]]
 
 
-def test_line_count_passes_text_through_and_counts_complete_lines():
+def marked(lines, token="ab12"):
+    return [MARK.format(token=token, seq=i) + line for i, line in enumerate(lines)]
+
+
+def test_line_count_marks_each_line_start_and_counts_complete_lines():
     stream = io.StringIO()
-    counted = LineCount(stream)
+    counted = LineCount(stream, token="ab12")
     counted.write("a\nb\n")
-    counted.write("partial")
+    counted.write("part")
+    counted.write("ial\n")
     counted.flush()
-    assert counted.lines == 2 and stream.getvalue() == "a\nb\npartial"
+    assert counted.lines == 3
+    assert stream.getvalue() == "".join(m + "\n" for m in marked(["a", "b", "part"])).replace("part\n", "partial\n")
+
+
+def test_filter_lets_each_line_through_once_however_many_monitors_publish_it():
+    dispatcher = FakeDispatcher()
+    drain = OutputDrain(dispatcher)
+    lines = marked(["one", "same", "same", "two"])
+    # Two log monitors read the same file, in their own batches, interleaved; C output has no mark.
+    for batch in (lines[:1], lines[:3], lines[1:2], ["from C"], lines[2:], lines[3:], ["from C"]):
+        dispatcher.emit({"pid": 7, "is_err": False, "lines": batch})
+    assert dispatcher.lines() == ["one", "same", "same", "from C", "two", "from C"]
+    # Another worker's (or stream's) numbers are its own.
+    dispatcher.emit({"pid": 8, "is_err": True, "lines": marked(["other"], token="cd34")})
+    assert dispatcher.lines(8, True) == ["other"]
+    assert drain.received[("7", False)] == 6 and drain.received[("8", True)] == 1
+    # Installed once: a second drain keeps the same filter in front of the printer.
+    OutputDrain(dispatcher)
+    dispatcher.emit({"pid": 7, "is_err": False, "lines": lines})
+    assert dispatcher.lines() == ["one", "same", "same", "from C", "two", "from C"]
+    assert [name for name, _ in dispatcher.handlers] == ["ray_print_logs"]
 
 
 def test_drain_waits_for_lines_still_in_flight():

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
+import uuid
 
 import pytest
 
@@ -25,6 +27,17 @@ class Where(Worker):
     @group_method(dispatch="split")
     def double(self, numbers):
         return [2 * n for n in numbers]
+
+
+class Talker(Worker):
+    @group_method()
+    def talk(self, tag: str) -> int:
+        for i in range(5):
+            print(f"{tag} talker{self.rank} out {i}", flush=True)
+        for _ in range(2):  # a line printed twice must still appear twice
+            print(f"{tag} talker{self.rank} twice", flush=True)
+        print(f"{tag} talker{self.rank} err", file=sys.stderr, flush=True)
+        return os.getpid()
 
 
 @pytest.fixture
@@ -59,3 +72,22 @@ def test_group_that_needs_a_third_node_is_refused_at_once(two_nodes_connected):
         WorkerGroup(ResourcePool(workers=3, strategy="STRICT_SPREAD", cpus_per_worker=0.5), Where)
     with pytest.raises(RlcoreError, match=r"workers_per_node = \[1, 1, 1\] needs 3 distinct nodes"):
         WorkerGroup(ResourcePool(workers_per_node=[1, 1, 1], cpus_per_worker=0.5), Where)
+
+
+def test_each_workers_line_reaches_the_driver_once(two_nodes_connected, capfd):
+    """Both raylets of the fixture watch one session directory (one --temp-dir on one host), so
+    Ray's two log monitors each publish every worker's lines. The group's output filter lets each
+    line through once, and only once, however many monitors publish it."""
+    tag = uuid.uuid4().hex[:8]
+    capfd.readouterr()
+    with WorkerGroup(ResourcePool(workers=2, strategy="STRICT_SPREAD", cpus_per_worker=1), Talker, name="talker") as group:
+        pids = group.talk(tag)
+    captured = capfd.readouterr()
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", captured.out + captured.err)
+    assert "\x1b]" not in plain  # no marker is left in what the driver prints
+    for rank, pid in enumerate(pids):
+        lines = [line for line in plain.splitlines() if f"{tag} talker{rank} " in line]
+        assert all(line.startswith(f"(talker{rank} pid={pid}") for line in lines), lines
+        said = [line.split(f"{tag} talker{rank} ", 1)[1] for line in lines]
+        assert sorted(said) == sorted([f"out {i}" for i in range(5)] + ["twice", "twice", "err"]), lines
+        assert [s for s in said if s.startswith("out")] == [f"out {i}" for i in range(5)]  # in order

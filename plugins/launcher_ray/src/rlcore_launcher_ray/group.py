@@ -357,6 +357,7 @@ class WorkerHost:
         for stream in (sys.stdout, sys.stderr):
             if hasattr(stream, "reconfigure"):
                 stream.reconfigure(line_buffering=True)
+        # Counted (for the drain) and marked, so the driver prints each line once (output.py).
         self.out, self.err = LineCount(sys.stdout), LineCount(sys.stderr)
         sys.stdout, sys.stderr = self.out, self.err
         shared: dict[str, Worker] = {}

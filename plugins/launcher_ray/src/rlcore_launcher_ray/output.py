@@ -1,87 +1,166 @@
-"""Make sure the ranks' last output lines reach the driver's terminal before it disconnects.
+"""The workers' output on the driver's terminal: every line once, and the last lines too.
 
-Ray forwards each actor's stdout/stderr to the driver a moment after it is written (a log monitor
-tails the workers' files and publishes the lines); whatever is still in flight when the driver
-shuts down is dropped. A rank's last lines are often the ones that matter (the final metrics, the
-traceback), so each rank counts the lines it writes (:class:`LineCount`) and the driver counts
-what it received (:class:`OutputDrain`) and waits for the difference before closing the group.
+Ray forwards each actor's stdout/stderr to the driver: a log monitor on each node tails the
+workers' files in that node's session directory and publishes the lines. Two things go wrong:
+
+- **Lines twice.** Every log monitor that watches a file publishes all of it. On a real cluster
+  each node has a session directory of its own, but raylets that share one (several ``ray start``
+  on one host with the same ``--temp-dir``, the default ``/tmp/ray`` included, or a temp dir on a
+  shared filesystem) each publish every worker's lines, and the messages do not say which monitor
+  sent them. Dropping repeated text instead would also drop a line a worker really printed twice.
+  So each worker marks the start of every line it writes through Python with its own token and a
+  sequence number (:class:`LineCount`); the driver strips the mark and lets a line through only
+  when its number is new for that worker (:func:`install_filter`). That is exact however many
+  monitors publish a file, and costs nothing where only one does. Output written past Python (C
+  libraries, subprocesses, a crash dump) carries no mark and is passed on as Ray delivers it.
+  Ray itself stays the transport: its files survive a worker's death, so a dead rank's last
+  lines still arrive, and ``ray logs`` keeps everything (marks included: ``MARK``, an OSC escape
+  sequence that terminals do not show).
+- **Last lines lost.** Whatever is still in flight when the driver shuts down is dropped. A
+  rank's last lines are often the ones that matter (the final metrics, the traceback), so each
+  worker counts the lines it writes and the driver waits for them (:class:`OutputDrain`) before
+  closing the group.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, TextIO
+
+# "\x1b]rl;<token>;<seq>\x07" at the start of a line: an OSC sequence, invisible on a terminal.
+MARK = "\x1b]rl;{token};{seq}\x07"
+_MARKED = re.compile(r"\x1b\]rl;([0-9a-f]+);([0-9]+)\x07")
+PRINT_HANDLER = "ray_print_logs"  # Ray's handler that prints forwarded lines (with log_to_driver)
 
 
 class LineCount:
-    """A text stream that passes everything through and counts the complete lines written."""
+    """A text stream that passes everything through, marks the start of each line (``MARK``, with
+    this stream's ``token``) and counts the complete lines written."""
 
-    def __init__(self, stream: TextIO):
+    def __init__(self, stream: TextIO, token: str | None = None):
         self._stream = stream
+        self.token = token if token is not None else os.urandom(6).hex()
         self.lines = 0
+        self._at_start = True
+        self._lock = threading.Lock()
 
     def write(self, text: str) -> int:
-        self.lines += text.count("\n")
-        return self._stream.write(text)
+        if not text:
+            return self._stream.write(text)
+        with self._lock:
+            pieces = []
+            for part in text.splitlines(keepends=True):
+                if self._at_start:
+                    pieces.append(MARK.format(token=self.token, seq=self.lines))
+                pieces.append(part)
+                self._at_start = part.endswith("\n")
+                self.lines += self._at_start
+            # One write: the mark and its line reach the file together.
+            self._stream.write("".join(pieces))
+        return len(text)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+class _Filter:
+    """Wraps Ray's print handler: strips the marks, drops lines already let through, and counts
+    what it let through per (pid, stream) for the drains."""
+
+    def __init__(self, print_logs: Callable[[dict], None]):
+        self.print_logs = print_logs
+        self.next_seq: dict[str, int] = {}
+        self.received: Counter[tuple[str, bool]] = Counter()
+        self.changed = threading.Condition()
+        self.last = time.monotonic()
+
+    def __call__(self, data: dict) -> None:
+        lines = data.get("lines") or ()
+        kept = []
+        with self.changed:
+            for line in lines:
+                match = _MARKED.match(line) if isinstance(line, str) else None
+                if match is None:
+                    kept.append(line)
+                    continue
+                token, seq = match.group(1), int(match.group(2))
+                if seq < self.next_seq.get(token, 0):
+                    continue  # a second log monitor publishing the same file
+                self.next_seq[token] = seq + 1
+                kept.append(line[match.end():])
+            self.received[(str(data.get("pid")), bool(data.get("is_err")))] += len(kept)
+            self.last = time.monotonic()
+            self.changed.notify_all()
+        if kept:
+            self.print_logs({**data, "lines": kept})
 
 
 def _dispatcher():
     """Ray's in-driver fan-out of forwarded worker output, or None when this Ray has none we know."""
     try:
         from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
-    except ImportError:  # pragma: no cover - a Ray that moved it: the drain is then skipped
+    except ImportError:  # pragma: no cover - a Ray that moved it: no filter, no drain
         return None
-    return dispatcher if hasattr(dispatcher, "add_handler") and hasattr(dispatcher, "remove_handler") else None
+    ok = hasattr(dispatcher, "handlers") and hasattr(dispatcher, "add_handler") and hasattr(dispatcher, "remove_handler")
+    return dispatcher if ok else None
+
+
+def install_filter(dispatcher: Any) -> _Filter | None:
+    """Put the filter in front of Ray's print handler (once per ``ray.init``: a new connection
+    brings a new handler). None when Ray prints nothing here (``log_to_driver=False``)."""
+    lock = getattr(dispatcher, "_lock", None) or threading.Lock()
+    with lock:
+        handlers = list(dispatcher.handlers)
+        for index, (name, handler) in enumerate(handlers):
+            if name != PRINT_HANDLER:
+                continue
+            if not isinstance(handler, _Filter):
+                handler = _Filter(handler)
+                handlers[index] = (name, handler)
+                dispatcher.handlers = handlers
+            return handler
+    return None
 
 
 class OutputDrain:
-    """Counts, per process and stream, the output lines Ray forwarded to this driver."""
-
-    NAME = "rlcore_output_drain"
+    """Filters the workers' forwarded lines (see the module docstring) and waits for the last of them."""
 
     def __init__(self, dispatcher: Any = None) -> None:
-        self.received: Counter[tuple[str, bool]] = Counter()
-        self._changed = threading.Condition()
-        self._last = time.monotonic()
         self._dispatcher = dispatcher if dispatcher is not None else _dispatcher()
+        self._filter = install_filter(self._dispatcher) if self._dispatcher is not None else None
         # Without Ray's own printing handler the lines go nowhere to wait for (log_to_driver off).
-        handlers = [name for name, _ in getattr(self._dispatcher, "handlers", [])]
-        self.active = self._dispatcher is not None and "ray_print_logs" in handlers
+        self.active = self._filter is not None
 
-    def __enter__(self) -> "OutputDrain":
-        if self.active:
-            self._dispatcher.add_handler(self.NAME, self._on_lines)
+    @property
+    def received(self) -> Counter[tuple[str, bool]]:
+        return self._filter.received if self._filter is not None else Counter()
+
+    def __enter__(self) -> OutputDrain:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.active:
-            self._dispatcher.remove_handler(self.NAME)
-
-    def _on_lines(self, data: dict) -> None:
-        with self._changed:
-            self.received[(str(data.get("pid")), bool(data.get("is_err")))] += len(data.get("lines") or ())
-            self._last = time.monotonic()
-            self._changed.notify_all()
+        pass  # the filter stays: it passes unmarked lines as they are, and goes with Ray's handler
 
     def wait(self, written: dict[tuple[str, bool], int], *, timeout: float = 30.0, quiet: float = 0.5) -> bool:
         """Wait until every count in ``written`` arrived, then until ``quiet`` seconds pass with
         nothing new (for what was not counted: a rank that died, output of C code or subprocesses).
         True when everything counted arrived within ``timeout``."""
-        if not self.active:
+        if self._filter is None:
             return False
+        flt = self._filter
         deadline = time.monotonic() + timeout
-        with self._changed:
-            while any(self.received[key] < n for key, n in written.items()):
+        with flt.changed:
+            while any(flt.received[key] < n for key, n in written.items()):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self._changed.wait(min(left, 0.2))
+                flt.changed.wait(min(left, 0.2))
             quiet_until = min(deadline, time.monotonic() + 5 * quiet)
-            while time.monotonic() < quiet_until and time.monotonic() - self._last < quiet:
-                self._changed.wait(quiet)
+            while time.monotonic() < quiet_until and time.monotonic() - flt.last < quiet:
+                flt.changed.wait(quiet)
         return True
