@@ -15,25 +15,7 @@ from loguru import logger
 
 from rlcore.errors import RlcoreError
 from rlcore.checkpoint import CHECKSUMS_FILE, STATE_FILE, Checkpointer
-
-
-class FakeActor:
-    """What Checkpointer.save needs of the actor: a Hugging Face style save_pretrained."""
-
-    def __init__(self, module: torch.nn.Module):
-        self.module = module
-
-    def save_pretrained(self, path, safe_serialization=True, **_):
-        from safetensors.torch import save_file
-
-        os.makedirs(path, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in self.module.state_dict().items()}, os.path.join(path, "model.safetensors"))
-
-
-class FakeTokenizer:
-    def save_pretrained(self, path):
-        with open(os.path.join(path, "tokenizer.json"), "w") as f:
-            f.write('{"tokens": []}')
+from rlcore.testing.checkpoints import FakeActor, FakeTokenizer
 
 
 def _parts(seed: int = 0):

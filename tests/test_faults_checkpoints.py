@@ -6,7 +6,6 @@ would refuse."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,23 +16,7 @@ import torch
 from loguru import logger
 
 from rlcore.checkpoint import CHECKSUMS_FILE, STATE_FILE, Checkpointer
-
-
-class FakeActor:
-    def __init__(self, module: torch.nn.Module):
-        self.module = module
-
-    def save_pretrained(self, path, safe_serialization=True, **_):
-        from safetensors.torch import save_file
-
-        os.makedirs(path, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in self.module.state_dict().items()}, os.path.join(path, "model.safetensors"))
-
-
-class FakeTokenizer:
-    def save_pretrained(self, path):
-        with open(os.path.join(path, "tokenizer.json"), "w") as f:
-            f.write('{"tokens": []}')
+from rlcore.testing.checkpoints import FakeActor, FakeTokenizer
 
 
 def save_tiny(checkpointer, step: int, width: int = 64):
