@@ -15,25 +15,8 @@ from loguru import logger
 
 from rlcore.errors import RlcoreError
 from rlcore.checkpoint import CHECKSUMS_FILE, STATE_FILE, Checkpointer
-from rlcore.testing.checkpoints import FakeActor, FakeTokenizer
-
-
-def _parts(seed: int = 0):
-    torch.manual_seed(seed)
-    model = torch.nn.Linear(64, 64)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.randn(2, 64)).sum().backward()
-    optimizer.step()
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    return model, optimizer, scheduler
-
-
-def _save(checkpointer: Checkpointer, step: int):
-    model, optimizer, scheduler = _parts(step)
-    return checkpointer.save(
-        step, actor=FakeActor(model), tokenizer=FakeTokenizer(), optimizers={"actor": optimizer},
-        schedulers={"actor": scheduler}, modules={}, state={"data": {"epoch": 0, "offset": step}},
-    )
+from rlcore.testing.checkpoints import save_tiny_checkpoint as _save
+from rlcore.testing.checkpoints import tiny_training_state as _parts
 
 
 @pytest.fixture

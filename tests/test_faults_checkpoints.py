@@ -12,28 +12,10 @@ import sys
 import textwrap
 
 import pytest
-import torch
 from loguru import logger
 
 from rlcore.checkpoint import CHECKSUMS_FILE, STATE_FILE, Checkpointer
-from rlcore.testing.checkpoints import FakeActor, FakeTokenizer
-
-
-def save_tiny(checkpointer, step: int, width: int = 64):
-    torch.manual_seed(step)
-    model = torch.nn.Linear(width, width)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.randn(2, width)).sum().backward()
-    optimizer.step()
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    return checkpointer.save(
-        step, actor=FakeActor(model), tokenizer=FakeTokenizer(), optimizers={"actor": optimizer},
-        schedulers={"actor": scheduler}, modules={}, state={"data": {"epoch": 0, "offset": step}},
-    )
-
-
-def _save(checkpointer: Checkpointer, step: int, width: int = 64):
-    return save_tiny(checkpointer, step, width)
+from rlcore.testing.checkpoints import save_tiny_checkpoint as _save
 
 
 @pytest.fixture
@@ -93,11 +75,7 @@ _FILL = textwrap.dedent('''
     import json, os, subprocess, sys
     root, levels = sys.argv[1], json.loads(sys.argv[2])
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", root], check=True)
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("faults_checkpoints", sys.argv[3])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    save_tiny = module.save_tiny
+    from rlcore.testing.checkpoints import save_tiny_checkpoint as save_tiny
     from rlcore.errors import RlcoreError
     from rlcore.checkpoint import Checkpointer
     checkpointer = Checkpointer(root, keep=1)
@@ -124,13 +102,12 @@ def test_a_disk_that_fills_in_any_serialiser_gives_the_designed_message(tmp_path
     not raise OSError on it, yet the message is the designed one and the previous checkpoint stays."""
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode != 0:
         pytest.skip("no unprivileged mount namespaces here")
-    import pathlib
 
     root = tmp_path / "disk"
     root.mkdir()
     levels = [0, 4096, 150_000, 300_000, 700_000, 1_000_000]
-    proc = subprocess.run(["unshare", "-rm", sys.executable, "-c", _FILL, str(root), json.dumps(levels),
-                           str(pathlib.Path(__file__))], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(["unshare", "-rm", sys.executable, "-c", _FILL, str(root), json.dumps(levels)],
+                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     failed = [r for r in report["results"] if not r.get("saved")]
