@@ -113,10 +113,10 @@ class Actor(precision.TrainedRole):
         need_entropy = True  # reported as actor/entropy even when it is not in the loss
         gap = None  # the rollout/trainer log-prob gap, measured on this pass when old log-probs were not recomputed
 
-        def mini_batch(rows: list[int]):
+        def mini_batch(rows: list[int], tokens: float):
             mask_rows = batch.response_mask[rows]
-            tokens, sequences = mask_totals(mask_rows)
-            totals = (self.dist.sum(tokens), self.dist.sum(sequences))
+            _, sequences = mask_totals(mask_rows)
+            totals = (tokens, self.dist.sum(sequences))
             weights_all = token_weights(mask_rows, objective.loss_agg_mode, totals, norm_length)
             row_pos = {r: i for i, r in enumerate(rows)}
 

@@ -54,8 +54,8 @@ class Critic(precision.TrainedRole):
 
         c = self.cfg.critic
 
-        def mini_batch(rows: list[int]):
-            tokens = max(self.dist.sum(float(batch.response_mask[rows].sum())), 1.0)
+        def mini_batch(rows: list[int], tokens: float):
+            tokens = max(tokens, 1.0)
 
             def micro_step(micro):
                 values = self.module(input_ids=micro.input_ids, position_ids=micro.position_ids)[0][micro.select]

@@ -29,21 +29,23 @@ MicroStep = Callable[[MicroBatch], tuple[torch.Tensor, dict[str, Any]]]
 
 
 def run_updates(role, batch: RolloutBatch, *, epochs: int, batching: Batching, dist: Distributed, grad_clip: float,
-                mini_batch: Callable[[list[int]], MicroStep], prefix: str) -> dict[str, float]:
+                mini_batch: Callable[[list[int], float], MicroStep], prefix: str) -> dict[str, float]:
     """``epochs`` passes over ``batch``'s mini-batches, one optimizer step of ``role`` each; the
     mean over the steps of every metric, and ``{prefix}/grad_norm`` (``{prefix}/skipped_updates``
-    counts steps left out for a non-finite gradient). ``role`` is a :class:`TrainedRole` with
+    counts steps left out for a non-finite gradient). ``mini_batch(rows, tokens)`` gets the
+    mini-batch's rows and its response tokens summed over the ranks. ``role`` is a :class:`TrainedRole` with
     ``optimizer``, ``params``, ``scheduler`` and ``dummy_forward()``."""
     sums: dict[str, list[float]] = defaultdict(list)
     for _ in range(epochs):
         for rows in batching.mini_batches(batch):
-            if not dist.sum(float(batch.response_mask[rows].sum())):
+            tokens = dist.sum(float(batch.response_mask[rows].sum()))  # in the loss, on every rank
+            if not tokens:
                 # Nothing in the loss on any rank (dynamic sampling's padding): no step, which on a
                 # zero gradient would still move the weights by the optimizer's momentum and decay.
                 sums[f"{prefix}/empty_mini_batches"].append(1.0)
                 continue
             role.optimizer.zero_grad(set_to_none=True)
-            micro_step = mini_batch(rows)
+            micro_step = mini_batch(rows, tokens)
             # Metrics stay on the device until the mini-batch ends: a read-back per micro-batch
             # would stall the GPU between its forward and backward passes.
             acc: dict[str, Any] = defaultdict(float)
