@@ -2,10 +2,12 @@
 
     python benchmarks/grpo_step.py [--shape 0.5b|1.5b|3b|7b|tiny] [--device cuda|cpu] [--steps 3]
                                    [--precision mixed|float32|bf16] [--trl-vllm] [--skip-trl] [--lora RANK]
-                                   [--workload P S T R] [--json OUT]
+                                   [--workload P S T R] [--also-unshared] [--json OUT]
 
 Issue 24's set: ``--shape 3b --trl-vllm`` (full fine-tuning), ``--shape 7b --lora 16 --trl-vllm``
 (LoRA on every linear layer, TRL through peft) and ``--shape 1.5b --workload 256 4 128 256``.
+``--also-unshared`` runs rlcore's step a second time with ``[model] share_prompts = false`` (each
+sample packed whole, as before prompt sharing), so both rlcore figures come from the same run.
 
 The workload of issue 7: P prompts x S samples (64 x 4), 128-token prompts, 256-token responses
 forced to full length, one optimizer step, no KL. The model is randomly initialised with a real
@@ -306,7 +308,8 @@ def registry():
     return reg
 
 
-def write_manifest(args, shape: str, model_dir: Path, tokenizer_dir: Path, work: Path, prompts: list[str]) -> Path:
+def write_manifest(args, shape: str, model_dir: Path, tokenizer_dir: Path, work: Path, prompts: list[str],
+                   model_options: list[str]) -> Path:
     P, S, T, R = args.workload
     data = work / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": p, "ground_truth": "0"}) + "\n" for p in prompts))
@@ -316,6 +319,7 @@ def write_manifest(args, shape: str, model_dir: Path, tokenizer_dir: Path, work:
     storage, compute = PRECISIONS[args.precision]
     model_extra = f'dtype = "{storage}"\ncompute_dtype = "{compute}"\n'
     model_extra += f'attn_implementation = "{args.attn}"\n' if args.attn else ""
+    model_extra += "".join(f"{k} = {v}\n" for k, v in (kv.split("=", 1) for kv in model_options))
     if args.gradient_checkpointing:
         model_extra += "gradient_checkpointing = true\n"
     lora_table = f"[model.lora]\nrank = {args.lora}\nalpha = {2 * args.lora}\n" if args.lora else ""
@@ -360,7 +364,7 @@ save_every = 0
     return path
 
 
-def run_rlcore(args, shape: str, prompts: list[str]) -> dict:
+def run_rlcore(args, shape: str, prompts: list[str], model_options: list[str] | None = None) -> dict:
     import torch
 
     from rlcore.manifest.loader import load_manifest
@@ -369,7 +373,10 @@ def run_rlcore(args, shape: str, prompts: list[str]) -> dict:
 
     work = Path(tempfile.mkdtemp(prefix=f"rlcore-{shape}-", dir=args.out))
     model_dir, tokenizer_dir = save_model_dir(shape, args.out / f"model-{shape}", args.device)
-    manifest = load_manifest(write_manifest(args, shape, model_dir, tokenizer_dir, work, prompts), registry=registry())
+    merged = dict(kv.split("=", 1) for kv in [*args.model_option, *(model_options or [])])  # a later key wins
+    model_options = [f"{k}={v}" for k, v in merged.items()]
+    manifest = load_manifest(write_manifest(args, shape, model_dir, tokenizer_dir, work, prompts, model_options),
+                             registry=registry())
     run_dir = work / "run"
     prepare_run_dir(manifest, run_dir, resume=False)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -395,6 +402,7 @@ def run_rlcore(args, shape: str, prompts: list[str]) -> dict:
     mean = lambda key: sum(m.get(key, 0.0) for m in timed) / len(timed)  # noqa: E731
     result = {
         "shape": shape,
+        "model_options": model_options,
         "parameters": params,
         "step_s": mean("timing_s/step"),
         "gen_s": mean("timing_s/gen"),
@@ -437,6 +445,7 @@ def measure_training(args, trainer) -> dict:
     batch = build_batch(trajectories, scores, S)
     trainer._advantages(batch, {})
     tokens = sum(batch.sequence_lengths())
+    packed = sum(m.num_tokens for m in trainer.batching.micro_batches(batch) if m is not None)
     times, peaks = [], []
     for i in range(args.train_iters + 1):  # the first call warms up
         _reset_peak(args.device)
@@ -452,6 +461,7 @@ def measure_training(args, trainer) -> dict:
     flops = 6 * params * tokens / seconds
     return {
         "tokens": tokens,
+        "packed_tokens": packed,
         "seconds": seconds,
         "tokens_per_s": tokens / seconds,
         "tflops": flops / 1e12,
@@ -480,28 +490,31 @@ def report(results: dict, args) -> None:
         which = "median after the 1st" if key == "trl_vllm" else "1st step"
         what = f"TRL, {trl['setup']}, {which} ({trl['precision']}, mb {trl['micro_batch']}{', GC' if trl['gradient_checkpointing'] else ''})"
         rows.append((what, args.shape, trl["step_s"], None, None, trl["peak_gib"]))
-    for key in ("rlcore", "rlcore_1.5b"):
+    for key in ("rlcore", "rlcore_unshared", "rlcore_1.5b"):
         r = results.get(key)
         if r:
-            rows.append((f"rlcore step (mean of {args.steps}, after {args.warmup} warm-up)", r["shape"], r["step_s"],
+            options = f", {', '.join(r['model_options'])}" if r.get("model_options") else ""
+            rows.append((f"rlcore step (mean of {args.steps}, after {args.warmup} warm-up{options})", r["shape"], r["step_s"],
                          r["gen_s"], r["update_actor_s"], r["peak_gib"]))
     print(f"{'what':<96} {'shape':>6} {'step s':>8} {'gen s':>8} {'train s':>8} {'peak GiB':>9}")
     for what, shape, step, gen, train, peak in rows:
         print(f"{what:<96} {shape:>6} {_fmt(step, '.3f'):>8} {_fmt(gen, '.3f'):>8} {_fmt(train, '.3f'):>8} {_fmt(peak, '.1f'):>9}")
     goals = {"trl": 5, "trl_vllm": 3}
     for key, trl in peers:
-        if results.get("rlcore"):
-            ratio = trl["step_s"] / results["rlcore"]["step_s"]
-            results[f"ratio_{key}_over_rlcore"] = ratio
-            print(f"\nTRL ({trl['setup']}) / rlcore step time: {ratio:.2f}x (goal: at least {goals[key]}x); "
-                  f"TRL step times {', '.join(f'{t:.2f}' for t in trl['step_times_s'])} s")
-    for key in ("rlcore", "rlcore_1.5b"):
+        for ours in ("rlcore", "rlcore_unshared"):
+            if results.get(ours):
+                ratio = trl["step_s"] / results[ours]["step_s"]
+                results[f"ratio_{key}_over_{ours}"] = ratio
+                print(f"\nTRL ({trl['setup']}) / {ours} step time: {ratio:.2f}x (goal: at least {goals[key]}x); "
+                      f"TRL step times {', '.join(f'{t:.2f}' for t in trl['step_times_s'])} s")
+    for key in ("rlcore", "rlcore_unshared", "rlcore_1.5b"):
         r = results.get(key)
         if r and r.get("training"):
             t = r["training"]
-            print(f"\nactor update alone ({r['shape']}, {t['tokens']} packed tokens, N = {r['parameters'] / 1e6:.1f}M "
+            print(f"\nactor update alone ({key}, {r['shape']}, {t['tokens']} tokens, {t.get('packed_tokens', '-')} packed, "
+                  f"N = {r['parameters'] / 1e6:.1f}M "
                   f"parameters, tied embedding once): {t['seconds'] * 1e3:.1f} ms, {t['tokens_per_s']:,.0f} tokens/s, "
-                  f"{t['tflops']:.1f} TFLOP/s by 6N, MFU {_fmt(t['mfu'] and 100 * t['mfu'], '.1f', '%')} "
+                  f"{t['tflops']:.1f} TFLOP/s by 6N over all tokens, MFU {_fmt(t['mfu'] and 100 * t['mfu'], '.1f', '%')} "
                   f"of {PEAK_TFLOPS.get(args.device.split(':')[0], '-')} TFLOP/s; peak {_fmt(t['peak_gib'], '.1f', ' GiB')}")
         if r:
             print(f"rlcore {r['shape']} step split: gen {r['gen_s']:.3f} s, reward {r['reward_s']:.3f} s, "
@@ -549,6 +562,10 @@ def main() -> None:
     parser.add_argument("--lora", type=int, default=0, metavar="RANK",
                         help="LoRA of this rank on every linear layer (alpha = 2 x rank) on both sides; TRL through peft")
     parser.add_argument("--micro-batch-tokens", type=int, default=4096)
+    parser.add_argument("--model-option", action="append", default=[], metavar="KEY=TOML",
+                        help="extra [model] keys for rlcore (e.g. share_prompts=false)")
+    parser.add_argument("--also-unshared", action="store_true",
+                        help="run rlcore's step again with [model] share_prompts = false, side by side")
     parser.add_argument("--trainer-option", action="append", default=[], metavar="KEY=TOML",
                         help="extra [trainer] keys (e.g. profile_steps=[2])")
     parser.add_argument("--engine", default="hf", help="rlcore's [rollout] engine (hf, or vllm where installed)")
@@ -596,6 +613,9 @@ def main() -> None:
         print(f"  TRL first step: {results['trl']['step_s']:.3f} s", flush=True)
     print(f"(b) rlcore step, {args.shape}", flush=True)
     results["rlcore"] = run_rlcore(args, args.shape, prompts)
+    if args.also_unshared:
+        print(f"(b') rlcore step, {args.shape}, share_prompts = false", flush=True)
+        results["rlcore_unshared"] = run_rlcore(args, args.shape, prompts, ["share_prompts=false"])
     if args.also_15b and args.shape != "1.5b":
         print("(d) rlcore step, 1.5b", flush=True)
         results["rlcore_1.5b"] = run_rlcore(args, "1.5b", prompt_texts(P, T, SHAPES["1.5b"]["vocab_size"]))

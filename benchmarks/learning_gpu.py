@@ -3,6 +3,8 @@ precision, side by side: reward curves and step times.
 
     python benchmarks/learning_gpu.py [--runs mixed,float32] [--steps 20] [--lr 1e-5] [--out DIR]
     python benchmarks/learning_gpu.py --runs mixed+triton,mixed+sdpa   # the decode attention, side by side
+    python benchmarks/learning_gpu.py --runs mixed,mixed+unshared      # prompt sharing in the trainer
+    python benchmarks/learning_gpu.py --runs mixed+lora --lora-lr 2e-4  # LoRA (rank 32 on every linear layer)
 
 Each run is the same manifest (same seed, data, batch and learning rate) but for ``[model] dtype``
 and ``compute_dtype``:
@@ -11,9 +13,12 @@ and ``compute_dtype``:
   float32  float32 weights, optimizer state and compute
   bf16     bfloat16 weights updated in place (no float32 master): kept only to show why not
 
-A run name may end in ``+triton`` or ``+sdpa`` to pick the ``hf`` fast path's decode attention
-(``[rollout] decode_attention``; ``auto`` otherwise), so a faster kernel is checked by what the
-model learns with it, not only by its speed.
+A run name may add options, each after a ``+``: ``triton`` or ``sdpa`` picks the ``hf`` fast
+path's decode attention (``[rollout] decode_attention``; ``auto`` otherwise), ``unshared`` packs
+every sample whole in the trainer (``[model] share_prompts = false``; the CUDA default shares each
+prompt's tokens among its samples), ``lora`` trains LoRA adapters (rank 32, alpha 64, every linear
+layer) at ``--lora-lr``. So a faster kernel or packing is checked by what the model learns with it,
+not only by its speed.
 
 The task is one the untrained model mostly fails: two-digit addition ("What is 37 + 48? Reply
 with only the number."), scored by the gsm8k reward in its numeric mode (the last number of the
@@ -37,7 +42,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-ATTENTION = ("", "triton", "sdpa")  # "" = the engine's auto choice
+OPTIONS = {  # a run name's "+OPTION" suffixes -> (manifest keys of [model], [rollout])
+    "triton": ("", 'decode_attention = "triton"\n'),
+    "sdpa": ("", 'decode_attention = "sdpa"\n'),
+    "unshared": ("share_prompts = false\n", ""),
+    "lora": ("[model.lora]\nrank = 32\nalpha = 64\n", ""),
+}
 PRECISIONS = {"mixed": ("float32", "bfloat16"), "float32": ("float32", "float32"), "bf16": ("bfloat16", "bfloat16")}
 
 MANIFEST = """
@@ -51,6 +61,7 @@ path = "{model}"
 gguf_file = "SmolLM2-135M-Instruct.Q4_1.gguf"
 dtype = "{storage}"
 compute_dtype = "{compute}"
+{model_extra}
 
 [data]
 train = "synthetic:addition?digits=2&size=4000&seed=0&split=train"
@@ -61,8 +72,7 @@ max_response_tokens = 24
 
 [rollout]
 engine = "hf"
-decode_attention = "{attention}"
-samples_per_prompt = {samples}
+{rollout_extra}samples_per_prompt = {samples}
 temperature = 1.0
 val_temperature = 1.0
 
@@ -86,12 +96,16 @@ loggers = ["jsonl"]
 
 
 def run(name: str, args) -> list[dict]:
-    precision, _, attention = name.partition("+")
+    precision, *options = name.split("+")
     storage, compute = PRECISIONS[precision]
+    model_extra = "".join(OPTIONS[o][0] for o in options if o != "lora")
+    model_extra += OPTIONS["lora"][0] if "lora" in options else ""  # a sub-table: after the [model] keys
+    rollout_extra = "".join(OPTIONS[o][1] for o in options)
     manifest = args.out / f"{name}.toml"
     manifest.write_text(MANIFEST.format(run=name, seed=args.seed, out=args.out, model=args.model, storage=storage,
-                                        compute=compute, attention=attention or "auto", val=args.val, prompts=args.prompts, samples=args.samples,
-                                        steps=args.steps, lr=args.lr, eval_every=args.eval_every))
+                                        compute=compute, model_extra=model_extra, rollout_extra=rollout_extra,
+                                        val=args.val, prompts=args.prompts, samples=args.samples, steps=args.steps,
+                                        lr=args.lora_lr if "lora" in options else args.lr, eval_every=args.eval_every))
     run_dir = args.out / name
     env = {**os.environ, "RLCORE_CACHE_DIR": str(args.out / "cache")}
     subprocess.run([sys.executable, "-m", "rlcore", "run", str(manifest), "--run-dir", str(run_dir)], check=True, env=env)
@@ -146,6 +160,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--lora-lr", type=float, default=2e-4, help="the learning rate of +lora runs")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--val", type=int, default=128)
@@ -155,10 +170,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     names = [n.strip() for n in args.runs.split(",") if n.strip()]
-    unknown = [n for n in names if n.partition("+")[0] not in PRECISIONS or n.partition("+")[2] not in ATTENTION]
+    unknown = [n for n in names if n.split("+")[0] not in PRECISIONS or not set(n.split("+")[1:]) <= set(OPTIONS)]
     if unknown:
         parser.error(f"--runs: unknown {', '.join(unknown)}; choose from {', '.join(PRECISIONS)}, "
-                     f"each optionally with +{' or +'.join(a for a in ATTENTION if a)}")
+                     f"each optionally with +{' +'.join(OPTIONS)}")
     args.out = (args.out or Path(tempfile.mkdtemp(prefix="learning-"))).resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}

@@ -32,12 +32,17 @@ def test_grpo_step_benchmark_runs_rlcore_steps(tmp_path):
     out = tmp_path / "grpo.json"
     subprocess.run(
         [sys.executable, "benchmarks/grpo_step.py", "--shape", "tiny", "--device", "cpu", "--skip-trl", "--steps", "1",
-         "--json", str(out)],
+         "--model-option", "share_prompts=true", "--also-unshared", "--json", str(out)],
         cwd=ROOT, check=True, capture_output=True, text=True, timeout=900,
     )
-    step = json.loads(out.read_text())["rlcore"]
-    assert step["shape"] == "tiny" and step["step_s"] > 0 and step["gen_s"] > 0 and step["update_actor_s"] > 0
-    assert step["response_length"] > 0 and step["training"]
+    results = json.loads(out.read_text())
+    for key in ("rlcore", "rlcore_unshared"):
+        step = results[key]
+        assert step["shape"] == "tiny" and step["step_s"] > 0 and step["gen_s"] > 0 and step["update_actor_s"] > 0
+        assert step["response_length"] > 0 and step["training"]
+    # 4 prompts x 2 samples of 16 + 16 tokens: the prompt once per pair when shared
+    assert results["rlcore"]["training"]["packed_tokens"] == 4 * (16 + 2 * 16)
+    assert results["rlcore_unshared"]["training"]["packed_tokens"] == results["rlcore"]["training"]["tokens"] == 8 * 32
 
 
 def test_offload_capacity_benchmark_quick(tmp_path):

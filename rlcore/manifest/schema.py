@@ -59,7 +59,23 @@ class ModelTable(Table):
         description="torch.compile the trainer's decoder layers and log-prob head (fused element-wise work); "
         "auto = on CUDA with one rank; a compiler failure falls back to uncompiled code",
     )
+    share_prompts: bool | Literal["auto"] = Field(
+        "auto",
+        description="pack the samples of one prompt as the prompt once followed by each response, so the "
+        "prompt's tokens go through the forward and backward once (same log-probs; needs the rlcore_varlen "
+        "attention, which true selects); auto = where rlcore_varlen runs its flash kernel (CUDA, half-precision "
+        "compute)",
+    )
     lora: LoraTable | None = None
+
+    @model_validator(mode="after")
+    def _shared_prompts_need_varlen(self) -> "ModelTable":
+        if self.share_prompts is True and self.attn_implementation not in (None, "rlcore_varlen"):
+            raise ValueError(
+                f"share_prompts = true needs attn_implementation = \"rlcore_varlen\" (it is "
+                f"{self.attn_implementation!r}): only that attention knows which keys each response sees"
+            )
+        return self
 
     @model_validator(mode="after")
     def _compute_not_wider_than_storage(self) -> "ModelTable":

@@ -8,6 +8,12 @@ blocks of each sequence are computed, no mask is built), on CUDA in float32 by o
 call over the sequences right-padded to the longest, elsewhere by one causal SDPA call per
 sequence. Anything that is not a packed row without padding or cache (generation with a KV
 cache, padded batches) goes to transformers' own SDPA path unchanged.
+
+A row whose samples share their prompt (``rlcore.trainer.batch.SharedPrompts``, attached to its
+position tensor by :func:`attach_shared`) is cut into query segments that each attend to their own
+list of keys, causally aligned at the end: the varlen kernel takes separate query and key bounds
+and aligns a shorter query segment with the end of its keys, so a response sees its prompt and its
+own earlier tokens. Elsewhere, one SDPA call per segment with that mask.
 """
 
 from __future__ import annotations
@@ -47,8 +53,14 @@ def _varlen_kernel():
     return varlen_attn, set(inspect.signature(varlen_attn).parameters)
 
 
-def _flash(query, key, value, cu, longest, scaling):
-    """query [T, Hq, D], key/value [T, Hkv, D] -> [T, Hq, D], causal within each sequence."""
+def flash_kernel_available() -> bool:
+    """Whether this torch has the flash varlen kernel (half precision on CUDA)."""
+    return _varlen_kernel()[0] is not None
+
+
+def _flash(query, key, value, cu, longest, scaling, cu_k=None, longest_k=None):
+    """query [T, Hq, D], key/value [T, Hkv, D] -> [T, Hq, D], causal within each sequence (with
+    ``cu_k``, query segment i attends to key segment i, causally aligned at the segment's end)."""
     varlen_attn, params = _varlen_kernel()
     groups = query.shape[1] // key.shape[1]
     kwargs = {}
@@ -67,7 +79,9 @@ def _flash(query, key, value, cu, longest, scaling):
             kwargs["scale"] = scaling
         else:
             query = query * (scaling / default)
-    return varlen_attn(query, key, value, cu, cu, longest, longest, **kwargs)
+    if cu_k is None:
+        cu_k, longest_k = cu, longest
+    return varlen_attn(query, key, value, cu, cu_k, longest, longest_k, **kwargs)
 
 
 def _padded(query, key, value, cu, cu_list, longest, scaling):
@@ -102,6 +116,32 @@ def _per_sequence(query, key, value, cu_list, scaling):
     return torch.cat(out)
 
 
+def _per_segment(query, key, value, shared, scaling):
+    """Prompt-sharing segments with one SDPA call each, causally aligned at the end of the keys
+    (CPU, and float32 on CUDA)."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key[shared.kv_index], value[shared.kv_index]
+    q_bounds, k_bounds = shared.q_bounds, shared.k_bounds
+    out = []
+    for i in range(len(q_bounds) - 1):
+        (qa, qb), (ka, kb) = (q_bounds[i], q_bounds[i + 1]), (k_bounds[i], k_bounds[i + 1])
+        q, k, v = (t[a:b].transpose(0, 1).unsqueeze(0) for t, a, b in ((query, qa, qb), (key, ka, kb), (value, ka, kb)))
+        offset = (kb - ka) - (qb - qa)
+        mask = torch.arange(kb - ka, device=q.device) <= torch.arange(qb - qa, device=q.device).unsqueeze(1) + offset
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling,
+                                                             enable_gqa=groups > 1)
+        out.append(o[0].transpose(0, 1))
+    return torch.cat(out)
+
+
+def attach_shared(position_ids: torch.Tensor, shared) -> torch.Tensor:
+    """Mark a packed row's position tensor with its :class:`SharedPrompts` layout: the attention
+    receives the same tensor object in every layer (and again when a checkpointed layer is
+    recomputed in the backward), so the layout travels with it through the model."""
+    position_ids.rlcore_shared_prompts = shared
+    return position_ids
+
+
 @torch.compiler.disable  # it reads the sequence bounds back to the host: compiled layers break the graph here
 def varlen_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                              position_ids=None, **kwargs):
@@ -118,6 +158,17 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
     batch, heads, length, dim = query.shape
     flat = lambda t: t.transpose(1, 2).reshape(batch * length, t.shape[1], dim)  # noqa: E731
     q, k, v = flat(query), flat(key), flat(value)
+    shared = getattr(position_ids, "rlcore_shared_prompts", None)
+    if shared is not None:
+        if batch != 1 or shared.q_bounds[-1] != length:
+            raise RuntimeError(f"a prompt-sharing layout of {shared.q_bounds[-1]} tokens reached a forward of "
+                               f"{batch} x {length} tokens")
+        if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _varlen_kernel()[0] is not None:
+            out = _flash(q, k[shared.kv_index], v[shared.kv_index], shared.cu_q, shared.max_q, scaling,
+                         cu_k=shared.cu_k, longest_k=shared.max_k)
+        else:
+            out = _per_segment(q, k, v, shared, scaling)
+        return out.reshape(batch, length, heads, dim), None
     cu, cu_list, longest = _sequence_bounds(position_ids, batch, length)
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _varlen_kernel()[0] is not None:
         out = _flash(q, k, v, cu, longest, scaling)

@@ -4,6 +4,7 @@ groups, packed micro-batches (one forward/backward each), and the padding that k
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from typing import Callable
@@ -14,16 +15,26 @@ from rlcore.trainer.batch import MicroBatch, RolloutBatch, pack
 from rlcore.trainer.distributed import Distributed
 
 
+@dataclasses.dataclass(frozen=True)
 class Batching:
-    def __init__(self, dist: Distributed, device: str, micro_batch_tokens: int, mini_batches: int):
-        self.dist, self.device = dist, device
-        self.micro_batch_tokens, self.mini_batch_count = micro_batch_tokens, mini_batches
+    dist: Distributed
+    device: str
+    micro_batch_tokens: int
+    mini_batch_count: int
+    share_prompts: bool = False  # pack a prompt's samples as the prompt once, then each response
+
+    def unshared(self) -> "Batching":
+        """The same cuts with every sample packed whole (for a model whose attention cannot take
+        a prompt-sharing layout, such as the critic's)."""
+        return dataclasses.replace(self, share_prompts=False)
 
     def micro_batches(self, batch: RolloutBatch, rows=None) -> list[MicroBatch | None]:
         """Packed micro-batches of ``rows``; with several ranks, padded with ``None`` (a dummy
         forward) to the largest count, since every sharded forward is a collective."""
         rows = range(batch.size) if rows is None else rows
-        micro: list[MicroBatch | None] = list(pack(batch, list(rows), self.micro_batch_tokens, self.device))
+        micro: list[MicroBatch | None] = list(
+            pack(batch, list(rows), self.micro_batch_tokens, self.device, share_prompts=self.share_prompts)
+        )
         return micro + [None] * (self.dist.max(len(micro)) - len(micro))
 
     def mini_batches(self, batch: RolloutBatch) -> list[list[int]]:

@@ -18,7 +18,8 @@ class Critic(precision.TrainedRole):
                  batching: Batching):
         from rlcore.algorithms.value import CriticModel
 
-        self.cfg, self.dist, self.device, self.batching = cfg, dist, device, batching
+        # The value model keeps transformers' attention, which knows no prompt-sharing layout.
+        self.cfg, self.dist, self.device, self.batching = cfg, dist, device, batching.unshared()
         # A value model of its own ([critic] path), or the policy's weights with a value head.
         path, gguf_file = (cfg.critic.path, None) if cfg.critic.path else (model_cfg.path, model_cfg.gguf_file)
         self.module = CriticModel.from_pretrained(

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from rlcore.trainer.attention import NAME as VARLEN_ATTENTION
+from rlcore.trainer.attention import attach_shared
 from rlcore.trainer.batch import MicroBatch
 from rlcore.trainer.compiling import kernel, packed_forward
 
@@ -134,11 +136,25 @@ def token_logprobs(
 
     ``model`` is a causal LM or a :class:`TokenLogprobs` around one. With ``entropy_grad=False``
     the entropy is a metric only, and the faster hand-written backward of the head is used."""
-    args = (micro.input_ids, micro.position_ids, micro.select, micro.targets, temperature, with_entropy, chunk_tokens,
+    position_ids = micro.position_ids
+    if micro.shared is not None:
+        _require_varlen_attention(model)
+        position_ids = attach_shared(position_ids, micro.shared)
+    args = (micro.input_ids, position_ids, micro.select, micro.targets, temperature, with_entropy, chunk_tokens,
             entropy_grad)
     if isinstance(model, TokenLogprobs):
         return model(*args)
     return _logprobs(model, *args)
+
+
+def _require_varlen_attention(model) -> None:
+    """A prompt-sharing micro-batch is only right under rlcore's varlen attention: any other
+    attention would read the packed row as one long sequence."""
+    lm = model.lm if isinstance(model, TokenLogprobs) else model
+    attention = getattr(getattr(lm, "config", None), "_attn_implementation", None)
+    if attention != VARLEN_ATTENTION:
+        raise RuntimeError(f"a prompt-sharing micro-batch needs the {VARLEN_ATTENTION!r} attention, the model runs "
+                           f"{attention!r} ([model] share_prompts)")
 
 
 def _logprobs(model, input_ids, position_ids, select, targets, temperature, with_entropy, chunk_tokens, entropy_grad=True):

@@ -106,7 +106,8 @@ class RLTrainer:
         logger.info("precision: {}", self.precision.describe())
         self.model_cfg = models.materialize_gguf(cfg.model)
         self.tokenizer = models.load_tokenizer(self.model_cfg)
-        self.batching = Batching(self.dist, self.device, cfg.trainer.micro_batch_tokens, cfg.algorithm.mini_batches)
+        self.batching = Batching(self.dist, self.device, cfg.trainer.micro_batch_tokens, cfg.algorithm.mini_batches,
+                                 models.shares_prompts(cfg.model, self.device, self.precision.compute))
         self.actor = Actor(cfg, self.model_cfg, self.precision, self.dist, self.device, self.batching, checkpoint)
         startup_checks.context_fits(self.manifest, self.actor.module)
         self._peak_tflops = peak_tflops(torch.cuda.get_device_name(self.device)) if self.device.startswith("cuda") else None
