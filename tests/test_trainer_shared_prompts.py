@@ -91,6 +91,18 @@ def test_shared_prompts_match_whole_samples_in_logprobs_entropy_and_gradients():
         torch.testing.assert_close(grads_shared[name], grads_plain[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_gradient_checkpointing_recomputes_with_the_shared_layout():
+    """A checkpointed layer is run again in the backward: it must see the same layout."""
+    model = _model()
+    model.train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    batch = _batch()
+    _, grads_plain = _per_row(model, batch, pack(batch, list(range(batch.size)), 4096))
+    _, grads_shared = _per_row(model, batch, pack(batch, list(range(batch.size)), 4096, share_prompts=True))
+    for name in grads_plain:
+        torch.testing.assert_close(grads_shared[name], grads_plain[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_a_group_over_the_budget_is_split_with_its_prompt_repeated():
     model = _model()
     batch = _batch([(6, [5, 9, 1, 4, 7]), (3, [7, 2])])

@@ -153,16 +153,18 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
         and getattr(module, "is_causal", True) and not (module.training and dropout)
         and kwargs.get("sliding_window") is None
     )
+    shared = getattr(position_ids, "rlcore_shared_prompts", None)
+    batch, heads, length, dim = query.shape
+    if shared is not None and (not packed or batch != 1 or shared.q_bounds[-1] != length):
+        raise RuntimeError(f"a prompt-sharing layout of {shared.q_bounds[-1]} tokens reached an attention call it "
+                           f"does not fit ({batch} x {length} tokens, mask {attention_mask is not None}, dropout "
+                           f"{dropout if module.training else 0}, sliding window {kwargs.get('sliding_window')}): "
+                           "set [model] share_prompts = false for this model")
     if not packed:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    batch, heads, length, dim = query.shape
     flat = lambda t: t.transpose(1, 2).reshape(batch * length, t.shape[1], dim)  # noqa: E731
     q, k, v = flat(query), flat(key), flat(value)
-    shared = getattr(position_ids, "rlcore_shared_prompts", None)
     if shared is not None:
-        if batch != 1 or shared.q_bounds[-1] != length:
-            raise RuntimeError(f"a prompt-sharing layout of {shared.q_bounds[-1]} tokens reached a forward of "
-                               f"{batch} x {length} tokens")
         if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _varlen_kernel()[0] is not None:
             out = _flash(q, k[shared.kv_index], v[shared.kv_index], shared.cu_q, shared.max_q, scaling,
                          cu_k=shared.cu_k, longest_k=shared.max_k)
