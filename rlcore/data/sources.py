@@ -73,7 +73,7 @@ def source_options(parsed: SourceSpec, registry: Any, base_dir: Any = None) -> t
     """The source component and its validated options; a located :class:`RlcoreError` otherwise.
 
     ``base_dir`` (the manifest's directory, when known) reaches the options model as the pydantic
-    validation context ``{"base_dir": DIR}``, so a source that names a file resolves it as every
+    validation context ``{"manifest_dir": DIR}`` (as component tables are), so a source that names a file resolves it as every
     other path of a manifest is: relative to the manifest."""
     component = registry.get("data_source", parsed.name)
     options = dict(parsed.query)
@@ -85,7 +85,7 @@ def source_options(parsed: SourceSpec, registry: Any, base_dir: Any = None) -> t
             )
         options[component.target_option] = parsed.target
     try:
-        context = {"base_dir": str(base_dir)} if base_dir is not None else None
+        context = {"manifest_dir": str(base_dir)} if base_dir is not None else None
         return component, component.options.model_validate(options, context=context)
     except RlcoreError as exc:  # a source's validator that explains the problem itself
         raise RlcoreError(f"{parsed.written!r}: {exc}") from None
