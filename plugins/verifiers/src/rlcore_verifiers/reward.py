@@ -5,7 +5,7 @@ trace scored is the episode the ``verifiers`` agent loop played (its record ride
 returns: prompt, model turns, tool results, user turns, stop condition, task state), or, for a
 row played by another loop (``single_turn``), the row's prompt and the decoded response as one
 turn. The score is verifiers' own: the weighted sum of the task's rewards; each reward and each
-``@vf.metric`` is also reported (``reward/NAME``, ``metric/NAME``).
+``@vf.metric`` is also reported (as ``reward/NAME`` and ``reward/metric/NAME`` in the run's metrics).
 """
 
 from __future__ import annotations

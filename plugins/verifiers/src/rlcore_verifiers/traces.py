@@ -81,7 +81,7 @@ async def score(task: Any, trace: Any) -> tuple[float, dict[str, float]]:
     for name, reward in trace.rewards.items():
         if reward is None:
             raise ValueError(f"reward {name!r} was not scored")
-        metrics[f"reward/{name}"] = float(reward.score)
+        metrics[name] = float(reward.score)
     for name, value in trace.metrics.items():
         if value is not None and math.isfinite(float(value)):
             metrics[f"metric/{name}"] = float(value)
