@@ -25,7 +25,8 @@ def _manifest_dir(info: ValidationInfo) -> str | None:
 
 class VerifiersSourceOptions(Options):
     """``verifiers:ENV?limit=N&OPTION=...``, or a ``[data.train]`` table with ``source =
-    "verifiers"``; keys that are not the source's own are the taskset's config options."""
+    "verifiers"``; keys that are not the source's own are the taskset's config options (as are
+    those of ``taskset_options``)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -38,13 +39,17 @@ class VerifiersSourceOptions(Options):
     )
     skip: int = Field(0, ge=0, description="tasks skipped from the start of the taskset")
     limit: int | None = Field(None, ge=1, description="at most this many tasks (needed for an infinite taskset)")
-    shuffle: bool = Field(False, description="shuffle the tasks (with seed) before skip and limit")
-    seed: int = Field(0, ge=0, description="the shuffle's seed")
+    shuffle: bool = Field(False, description="shuffle the tasks (with shuffle_seed) before skip and limit")
+    shuffle_seed: int = Field(0, ge=0, description="the shuffle's seed")
     # Filled in by validation: the environment in canonical form (files made absolute) and the
     # taskset options the extra keys gave. Rows carry both, so the reward and the loop load the
     # same environment in any process.
     resolved: str = Field("", description="(set by validation) the environment in canonical form")
-    taskset_options: dict[str, Any] = Field(default_factory=dict, description="(set by validation) the taskset's options")
+    taskset_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the taskset's options; the table's other keys are added to them (give an option here when "
+        "its name is one of the source's own, e.g. a taskset's own limit)",
+    )
 
     @model_validator(mode="after")
     def _load(self, info: ValidationInfo) -> "VerifiersSourceOptions":

@@ -46,7 +46,7 @@ class VerifiersSource:
         loaded = envs.load(o.resolved, o.taskset_options, o.env_options, self.manifest_dir)
         taskset = loaded.taskset()
         if o.shuffle:
-            taskset = taskset.shuffle(o.seed)
+            taskset = taskset.shuffle(o.shuffle_seed)
         tasks = itertools.islice(iter(taskset), o.skip, None if o.limit is None else o.skip + o.limit)
         label = PREFIX + loaded.classes.ref.label
         rows = []
