@@ -221,6 +221,7 @@ def test_long_tool_results_are_cut(tok, registry):
     (spec("two_seats.py"), "has 2 seats (solver, critic); rlcore's policy plays one seat"),
     (spec("sandbox.py"), "@vf.reward file_written needs a runtime"),
     (spec("sandbox.py"), "@vf.intercept rewrite is an interception-server hook"),
+    (spec("judged.py"), "env JudgedEnv overrides finalize(): cross-agent judgement"),
     ({"source": "verifiers", "env": f"python:{ENVS / 'guess.py'}", "env_options": {"player": {"harness": {"id": "bash"}}}},
      "seat 'player' pins the harness 'bash': harness programs"),
     ({"source": "verifiers", "env": f"python:{ENVS / 'guess.py'}", "env_options": {"players": {}}},

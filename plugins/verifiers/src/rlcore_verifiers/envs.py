@@ -287,6 +287,9 @@ def unsupported(classes: EnvClasses, taskset_cfg: Any, env_cfg: Any) -> list[str
         for hook in ("start", "stop"):
             if _overrides(classes.env, vf.Env, hook):
                 problems.append(f"env {classes.env.__name__} overrides {hook}() (env-owned serving resources)")
+        if _overrides(classes.env, vf.Env, "finalize"):
+            problems.append(f"env {classes.env.__name__} overrides finalize(): cross-agent judgement over an episode "
+                            "of several seats; rlcore's episode has one seat, judged by the task's own rewards")
     return problems
 
 
