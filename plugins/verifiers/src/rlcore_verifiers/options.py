@@ -41,10 +41,9 @@ class VerifiersSourceOptions(Options):
     limit: int | None = Field(None, ge=1, description="at most this many tasks (needed for an infinite taskset)")
     shuffle: bool = Field(False, description="shuffle the tasks (with shuffle_seed) before skip and limit")
     shuffle_seed: int = Field(0, ge=0, description="the shuffle's seed")
-    # Filled in by validation: the environment in canonical form (files made absolute) and the
-    # taskset options the extra keys gave. Rows carry both, so the reward and the loop load the
-    # same environment in any process.
-    resolved: str = Field("", description="(set by validation) the environment in canonical form")
+    # After validation, env is in canonical form (a file made absolute) and taskset_options holds
+    # the extra keys too, typed. Rows carry both, so the reward and the loop load the same
+    # environment in any process.
     taskset_options: dict[str, Any] = Field(
         default_factory=dict,
         description="the taskset's options; the table's other keys are added to them (give an option here when "
@@ -57,16 +56,13 @@ class VerifiersSourceOptions(Options):
 
         extra = dict(self.model_extra or {})
         taskset_options = {**self.taskset_options, **extra}
-        spec = self.env or self.resolved
+        spec = self.env
         if not spec:
             raise RlcoreError("name an environment: verifiers:PACKAGE, verifiers:PACKAGE:NAME or verifiers:python:FILE.py[:NAME]")
         loaded = envs.load(spec, taskset_options, self.env_options, _manifest_dir(info))
-        # Normalised: the target moves to `resolved` (the manifest loader looks for code only in
-        # a component's target option, and this one names an environment, not a function).
-        object.__setattr__(self, "resolved", loaded.classes.ref.spec)
+        object.__setattr__(self, "env", loaded.classes.ref.spec)
         typed = loaded.taskset_config.model_dump(mode="json", include=set(taskset_options))
         object.__setattr__(self, "taskset_options", typed)
-        object.__setattr__(self, "env", None)
         if self.__pydantic_extra__:
             self.__pydantic_extra__.clear()
         if loaded.classes.taskset.INFINITE and self.limit is None:

@@ -43,7 +43,7 @@ class VerifiersSource:
         from rlcore_verifiers import envs
 
         o = self.options
-        loaded = envs.load(o.resolved, o.taskset_options, o.env_options, self.manifest_dir)
+        loaded = envs.load(o.env, o.taskset_options, o.env_options, self.manifest_dir)
         taskset = loaded.taskset()
         if o.shuffle:
             taskset = taskset.shuffle(o.shuffle_seed)
@@ -53,7 +53,7 @@ class VerifiersSource:
         for position, task in enumerate(tasks):
             if task.data.prompt is None:
                 raise RlcoreError(
-                    f"verifiers environment {o.resolved!r}, task {task.data.idx}: it has no prompt (the user opens the "
+                    f"verifiers environment {o.env!r}, task {task.data.idx}: it has no prompt (the user opens the "
                     "conversation); rlcore starts every episode from the row's prompt"
                 )
             rows.append({
@@ -65,7 +65,7 @@ class VerifiersSource:
                     "split": role,
                     "index": position,
                     KEY: {
-                        "env": o.resolved,
+                        "env": o.env,
                         "taskset_options": o.taskset_options,
                         "env_options": o.env_options,
                         "task": task.data.model_dump(mode="json", exclude_none=True, exclude_defaults=True),
@@ -73,7 +73,7 @@ class VerifiersSource:
                 },
             })
         if not rows:
-            raise RlcoreError(f"verifiers environment {o.resolved!r} gave no task (skip = {o.skip}, limit = {o.limit})")
+            raise RlcoreError(f"verifiers environment {o.env!r} gave no task (skip = {o.skip}, limit = {o.limit})")
         return rows
 
 
