@@ -209,6 +209,26 @@ def test_long_tool_results_are_cut(tok, registry):
     assert "characters cut" in text and text.count("x") == 40
 
 
+def test_an_env_that_fails_ends_its_episode_which_scores_zero(tok, registry):
+    prompts = prompts_of(tok, spec("broken.py"))
+    out = build(registry, "agent_loop", tok).run(prompts, ScriptedEngine(tok, lambda text, i: "hi"), params(tok, n=2))
+    assert [(t.num_turns, t.metrics["verifiers/episode_errors"]) for t in out] == [(1, 1.0), (1, 1.0)]
+    assert out[0].response_mask == [1] * len(out[0].response_ids)  # what was played is kept
+    scores, metrics = score_trajectories(build(registry, "reward_function"), out, tok)
+    assert scores == [0.0, 0.0] and metrics["reward/episode_error"] == 1.0
+
+
+def test_an_installed_package_is_named_by_its_module(tok, registry, monkeypatch):
+    monkeypatch.syspath_prepend(str(ENVS))
+    [prompt] = prompts_of(tok, "verifiers:capitals?countries=1")
+    assert prompt.extra_info["verifiers"]["env"] == "capitals" and prompt.data_source == "verifiers/capitals"
+    [named] = prompts_of(tok, "verifiers:capitals:CapitalsTaskset?countries=1")
+    assert named.data_source == "verifiers/capitals.CapitalsTaskset"
+    item = RewardInput(response="Paris", data_source=prompt.data_source, extra_info=prompt.extra_info,
+                       messages=prompt.messages)
+    assert build(registry, "reward_function")(item).score == 2.5
+
+
 # ----------------------------------------------------------------------------- refusals
 
 

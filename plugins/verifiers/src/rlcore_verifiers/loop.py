@@ -26,11 +26,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import json
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from loguru import logger
@@ -207,7 +207,7 @@ def _with_episode_state(toolset: Any, fn: Any) -> Any:
 # ----------------------------------------------------------------------------- one episode
 
 
-@dataclass
+@dataclasses.dataclass
 class _Episode:
     """One sample: the seat's conversation, its tokens and its trace."""
 
@@ -217,20 +217,20 @@ class _Episode:
     batcher: _Batcher
     budget: int
     shared: list[Any]
-    response_ids: list[int] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    messages: list[dict[str, Any]] = field(default_factory=list)  # what the template renders
+    response_ids: list[int] = dataclasses.field(default_factory=list)
+    mask: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # what the template renders
     pending_text: str | None = None  # the last model turn, its glue not yet added
     trace: Any = None
     tools: _Toolsets | None = None
     glue: ChatGlue | None = None
     started: bool = False
     ended: bool = False
-    counts: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, float] = dataclasses.field(default_factory=dict)
     error: str | None = None
     task: Any = None  # the task the env handed the seat
-    state_holder: list[Any] = field(default_factory=list)  # [the task state], rebound by toolsets of another state type
+    state_holder: list[Any] = dataclasses.field(default_factory=list)  # [the task state], rebound by toolsets of another state type
 
     def count(self, key: str, value: float = 1.0) -> None:
         self.counts[key] = self.counts.get(key, 0.0) + value
@@ -258,8 +258,6 @@ class _Episode:
         if self.tools.schemas:
             messages = self.glue.with_tools(messages)
         if messages != list(self.prompt.messages) or self.tools.schemas:
-            import dataclasses
-
             self.prompt = dataclasses.replace(self.prompt, token_ids=self.glue.prompt_ids(messages), messages=messages)
         self.messages = [dict(m) for m in messages]
 
@@ -404,8 +402,6 @@ class _Episode:
     # ------------------------------------------------------------------ the result
 
     def trajectory(self) -> Trajectory:
-        import dataclasses
-
         trace = self.trace
         stop = trace.stop_condition if trace is not None else None
         if self.pending_text is not None:
