@@ -196,6 +196,11 @@ def test_tool_calls_run_the_tasks_mcp_toolset_in_process(tok, registry):
     assert "no key 'gamma'" in tok.decode(alpha_bad.response_ids, skip_special_tokens=False)
     # the toolset wrote the keys it was asked into the rollout's state; the task's reward reads it
     assert [t.state.asked for t in loop.last_traces] == [["alpha"], ["gamma"], ["beta"], ["gamma"]]
+    # the trace holds the call as verifiers records one: beside the text, with its tool result after it
+    first = loop.last_traces[0]
+    call = first.assistant_messages[0].tool_calls[0]
+    assert (call.name, call.arguments, first.assistant_messages[0].content) == ("lookup_get", '{"key": "alpha"}', "")
+    assert [(m.tool_call_id, m.content) for m in first.tool_messages] == [(call.id, "17")]
     scores, _ = score_trajectories(build(registry, "reward_function"), out, tok)
     assert scores == pytest.approx([1.1, 0.0, 1.1, 0.0])
 

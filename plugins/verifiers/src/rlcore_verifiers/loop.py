@@ -320,7 +320,8 @@ class _Episode:
             parsed = parse_tool_calls(plain, self.loop.options.parser)
             calls = [vf.ToolCall(id=c.id, name=c.name, arguments=json.dumps(c.arguments, ensure_ascii=False))
                      for c in parsed.calls]
-            assistant = vf.AssistantMessage(content=plain, tool_calls=calls or None)
+            # As an OpenAI-style reply: the text, and the calls beside it (not inside it)
+            assistant = vf.AssistantMessage(content=parsed.content if parsed.wants_tools else plain, tool_calls=calls or None)
             traces.append(self.trace, assistant, True)
             produced.append(assistant)
             self.pending_text = text
