@@ -120,3 +120,51 @@ def test_a_source_spec_is_validated_with_the_manifest_and_located(tmp_path, regi
     path.write_text(text.replace("size = 2", "size = 2\nshape = 1"))
     with pytest.raises(ManifestError, match=r"\[data.train\].*shape: unknown option"):
         load_manifest(path, registry=registry)
+
+
+class FileOptions(Options):
+    file: str
+
+    @classmethod
+    def _where(cls, value: str, info) -> str:
+        from pathlib import Path
+
+        base = (info.context or {}).get("manifest_dir") if isinstance(info.context, dict) else None
+        path = Path(value) if Path(value).is_absolute() or base is None else Path(base) / value
+        if not path.is_file():
+            raise ValueError(f"no file {str(path)!r}")
+        return str(path)
+
+    from pydantic import field_validator
+
+    _check = field_validator("file")(_where)
+
+
+class FileSourcePlugin:
+    @rlcore.hookimpl
+    def rlcore_data_sources(self):
+        def build(options, context):
+            class Rows:
+                def rows(self, role):
+                    from pathlib import Path
+
+                    return [{"prompt": line, "data_source": "lines"} for line in Path(options.file).read_text().split()]
+            return Rows()
+
+        return [Component("lines", factory=build, options=FileOptions, target_option="file", description="a file's words")]
+
+
+def test_a_source_naming_a_file_reads_it_relative_to_the_manifest(tmp_path, registry, monkeypatch):
+    """The manifest's directory reaches a source's options as the validation context manifest_dir,
+    at `rlcore validate` and when the trainer reads the rows (base_dir), whatever the working directory."""
+    registry.register(FileSourcePlugin(), name="lines", distribution="rlcore-lines")
+    (tmp_path / "words.txt").write_text("alpha beta")
+    path = tmp_path / "m.toml"
+    path.write_text(VALID.replace('train = "synthetic:addition"', 'train = "lines:words.txt"'))
+    monkeypatch.chdir("/")
+    manifest = load_manifest(path, registry=registry)
+    assert manifest.data_sources["data.train"].options.file == str(tmp_path / "words.txt")
+    rows, _ = read_source("lines:words.txt", tmp_path, registry=registry)
+    assert [r["prompt"] for r in rows] == ["alpha", "beta"]
+    assert "no file" in check_data_spec("lines:words.txt", registry=registry)  # no manifest: the working directory
+    assert check_data_spec("lines:words.txt", tmp_path, registry=registry) is None

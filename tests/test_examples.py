@@ -19,6 +19,8 @@ EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.toml"))
 def test_example_validates(tmp_path, capsys, name):
     (tmp_path / "examples").mkdir()
     shutil.copy(ROOT / "examples" / name, tmp_path / "examples" / name)
+    for code in (ROOT / "examples").glob("*.py"):  # code an example names beside it (verifiers_env.py)
+        shutil.copy(code, tmp_path / "examples" / code.name)
     data = tmp_path / "data" / "gsm8k"
     data.mkdir(parents=True)
     from rlcore.data.io import write_parquet

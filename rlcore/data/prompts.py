@@ -63,7 +63,7 @@ def check_data_spec(spec: str | dict[str, Any], base_dir: str | Path | None = No
     except RlcoreError as exc:
         return str(exc)
     if parsed is not None and not (isinstance(spec, str) and resolve(spec, base_dir).exists()):
-        return sources.check_source(parsed, registry)
+        return sources.check_source(parsed, registry, base_dir)
     path = resolve(spec, base_dir)
     if path.is_dir():
         return f"data file {str(path)!r} is a directory; expected a parquet or jsonl file in it, or synthetic:<task>"
@@ -87,7 +87,7 @@ def read_source(spec: str | dict[str, Any], base_dir: str | Path | None = None, 
     default split of a source that has splits."""
     parsed = sources.source_spec(spec)
     if parsed is not None and not (isinstance(spec, str) and resolve(spec, base_dir).exists()):
-        return sources.read_rows(parsed, role, registry=registry, context=context), parsed.written
+        return sources.read_rows(parsed, role, registry=registry, context=context, base_dir=base_dir), parsed.written
     problem = check_data_spec(spec, base_dir)
     path = resolve(spec, base_dir)
     if problem:

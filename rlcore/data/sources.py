@@ -69,8 +69,12 @@ def describe(spec: str | dict[str, Any]) -> str:
     return "{" + ", ".join(f"{k} = {json.dumps(v, default=str)}" for k, v in spec.items()) + "}"
 
 
-def source_options(parsed: SourceSpec, registry: Any) -> tuple[Any, BaseModel]:
-    """The source component and its validated options; a located :class:`RlcoreError` otherwise."""
+def source_options(parsed: SourceSpec, registry: Any, base_dir: Any = None) -> tuple[Any, BaseModel]:
+    """The source component and its validated options; a located :class:`RlcoreError` otherwise.
+
+    ``base_dir`` (the manifest's directory, when known) reaches the options model as the pydantic
+    validation context ``{"manifest_dir": DIR}`` (as component tables are), so a source that names a file resolves it as every
+    other path of a manifest is: relative to the manifest."""
     component = registry.get("data_source", parsed.name)
     options = dict(parsed.query)
     if parsed.target:
@@ -81,7 +85,8 @@ def source_options(parsed: SourceSpec, registry: Any) -> tuple[Any, BaseModel]:
             )
         options[component.target_option] = parsed.target
     try:
-        return component, component.options.model_validate(options)
+        context = {"manifest_dir": str(base_dir)} if base_dir is not None else None
+        return component, component.options.model_validate(options, context=context)
     except RlcoreError as exc:  # a source's validator that explains the problem itself
         raise RlcoreError(f"{parsed.written!r}: {exc}") from None
     except ValidationError as exc:
@@ -111,18 +116,21 @@ def default_registry() -> Any:
 _REGISTRY: Any = None
 
 
-def check_source(parsed: SourceSpec, registry: Any = None) -> str | None:
+def check_source(parsed: SourceSpec, registry: Any = None, base_dir: Any = None) -> str | None:
     """A problem with a source spec, or None."""
     try:
-        source_options(parsed, registry or default_registry())
+        source_options(parsed, registry or default_registry(), base_dir)
     except RlcoreError as exc:
         return str(exc)
     return None
 
 
-def read_rows(parsed: SourceSpec, role: str, *, registry: Any = None, context: Any = None) -> list[dict[str, Any]]:
+def read_rows(parsed: SourceSpec, role: str, *, registry: Any = None, context: Any = None,
+              base_dir: Any = None) -> list[dict[str, Any]]:
     """Build the source and return its rows for ``role`` ("train" or "val")."""
-    component, options = source_options(parsed, registry or default_registry())
+    if base_dir is None:
+        base_dir = getattr(context, "manifest_dir", None)
+    component, options = source_options(parsed, registry or default_registry(), base_dir)
     source = component.load_factory()(options, context)
     rows = source.rows(role)
     if not isinstance(rows, list):

@@ -373,7 +373,7 @@ def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry
         _validate_table_options(col, registry, table, extras.get(table, {}), chosen, selected)
 
     _validate_reward_routes(col, registry, doc, base_dir, selected)
-    data_sources = _validate_data_sources(col, registry, doc)
+    data_sources = _validate_data_sources(col, registry, doc, base_dir)
     _check_steps(col, doc)
     for table, kind in COMPONENT_MAPS.items():
         entries = doc.get(table)
@@ -422,10 +422,11 @@ def _without_retired(doc: dict[str, Any], col: _Collector) -> dict[str, Any]:
     return out
 
 
-def _validate_data_sources(col: _Collector, registry: Registry, doc: dict[str, Any]) -> dict[str, Selected]:
+def _validate_data_sources(col: _Collector, registry: Registry, doc: dict[str, Any], base_dir: Path) -> dict[str, Selected]:
     """``[data] train`` and ``val`` that name a data source (``reasoning_gym:TASK?...`` or a
     ``[data.train]`` table) are validated by that source's options model; files are checked later.
-    Returns each source found, by role."""
+    Returns each source found, by role. ``base_dir`` (the manifest's directory) reaches the
+    options models as their validation context, for paths they name."""
     from rlcore.data.sources import source_options, source_spec
 
     found: dict[str, Selected] = {}
@@ -444,7 +445,7 @@ def _validate_data_sources(col: _Collector, registry: Registry, doc: dict[str, A
         if parsed is None:
             continue
         try:
-            component, options = source_options(parsed, registry)
+            component, options = source_options(parsed, registry, base_dir)
         except RlcoreError as exc:
             col.add(f"data.{key}", str(exc))
             continue

@@ -39,6 +39,7 @@ PLUGIN_API: tuple[str, ...] = (
     "rlcore.components",
     "rlcore.targets",
     "rlcore.tool_calls",
+    "rlcore.chat",  # token glue between chat turns, for multi-turn agent loops
     "rlcore.algorithms.*",
     "rlcore.engine_kit.*",  # the kit for engines that drive vLLM/SGLang
     "rlcore.launching",

@@ -3,7 +3,7 @@
 All active trajectories generate together each turn (one engine call), and all the tool calls of
 a turn run concurrently on one asyncio event loop. Token ids accumulate turn by turn: the model's
 tokens are kept as sampled (mask 1, with their log-probabilities) and only the glue between turns
-is tokenised (mask 0, log-probability 0.0); see :mod:`rlcore_agent.chat`.
+is tokenised (mask 0, log-probability 0.0); see :mod:`rlcore.chat`.
 
 A trajectory ends when the model calls no tool (``stop``), when ``max_turns`` assistant turns are
 done (``max_turns``), or when the response would exceed the run's ``max_new_tokens`` (``length``).
@@ -36,10 +36,10 @@ from typing import Any, Coroutine, Sequence, TypeVar
 
 from loguru import logger
 
+from rlcore.chat import ChatGlue, truncate_middle
 from rlcore.tool_calls import ParsedTurn, ToolCall, parse_tool_calls
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import Prompt, RolloutEngine, SamplingParams, Tool, ToolResult, Trajectory
-from rlcore_agent.chat import ChatGlue
 from rlcore_agent.options import ToolLoopOptions
 
 T = TypeVar("T")
@@ -115,13 +115,6 @@ TOOL_KWARGS_STAGES = {
     "calc_reward_kwargs": "calc_reward",
     "release_kwargs": "release",
 }
-
-
-def _truncate(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    keep = limit // 2
-    return f"{text[:keep]}\n... [{len(text) - 2 * keep} characters cut] ...\n{text[-keep:]}"
 
 
 class ToolLoop:
@@ -388,7 +381,7 @@ class ToolLoop:
                 s.counts[f"{call.name}/{key}"] += float(value)
             except (TypeError, ValueError):
                 pass
-        return _truncate(str(result.text), self.options.max_tool_response_chars)
+        return truncate_middle(str(result.text), self.options.max_tool_response_chars)
 
     def _tool_gate(self, name: str, tool: Tool) -> Any:
         """A semaphore of the tool's ``max_concurrency`` (an optional attribute: the python tool runs

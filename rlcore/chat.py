@@ -13,6 +13,9 @@ Where this differs from tokenising the whole rendered conversation:
 * templates that rewrite earlier assistant turns (strip whitespace, drop ``<think>`` blocks,
   re-render tool calls from a ``tool_calls`` field) render the past differently from what the
   model saw; we keep what the model saw. The loop counts such turns in ``agent/template_mismatch``.
+
+In the core (part of the plugin API) because every multi-turn agent loop needs the same glue: the
+``tool`` loop of rlcore-agent and the ``verifiers`` loop of rlcore-verifiers use it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,15 @@ def tools_system_text(schemas: list[dict[str, Any]]) -> str:
         'To call a tool, write <tool_call>{"name": "TOOL_NAME", "arguments": {...}}</tool_call>. '
         "The result comes back in a tool message."
     )
+
+
+def truncate_middle(text: str, limit: int) -> str:
+    """``text`` cut to about ``limit`` characters by dropping its middle (a tool's output: its
+    start and its end, where errors are, both matter), saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    keep = limit // 2
+    return f"{text[:keep]}\n... [{len(text) - 2 * keep} characters cut] ...\n{text[-keep:]}"
 
 
 @dataclass
