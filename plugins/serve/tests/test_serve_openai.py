@@ -74,6 +74,8 @@ def server(tmp_path_factory):
     (info / "entry_points.txt").write_text("[rlcore]\nscripted = rlcore_test_scripted_engine\n")
     tok_dir = root / "tokenizer"
     make_chat_tokenizer().save_pretrained(tok_dir)
+    reward = root / "reward.py"  # a builtin reward: the served manifest must validate with rlcore-serve alone
+    reward.write_text("def score(item):\n    return 0.0\n")
     manifest = root / "serve.toml"
     manifest.write_text(
         textwrap.dedent(
@@ -89,7 +91,7 @@ def server(tmp_path_factory):
             [rollout]
             engine = "scripted"
             [reward]
-            function = "math"
+            function = "python:{reward}:score"
             [trainer]
             steps = 1
             """
