@@ -45,6 +45,16 @@ def build(options, context):
 @rlcore.hookimpl
 def rlcore_rollout_engines():
     return [Component(name="scripted", factory=build, options=Options, description="test engine", needs={"tokenizer"})]
+
+
+def never_built(options, context):
+    raise AssertionError("serving builds no advantage estimator")
+
+
+# A manifest names one, and rlcore-serve alone installs none (the algorithm plugins are not its dependencies).
+@rlcore.hookimpl
+def rlcore_advantage_estimators():
+    return [Component(name="scripted_outcome", factory=never_built, options=Options, description="test estimator")]
 '''
 
 WEATHER = {
@@ -92,6 +102,8 @@ def server(tmp_path_factory):
             engine = "scripted"
             [reward]
             function = "python:{reward}:score"
+            [algorithm]
+            advantage = "scripted_outcome"
             [trainer]
             steps = 1
             """
