@@ -76,6 +76,7 @@ KINDS: tuple[Kind, ...] = (
          first_party=_from("rlcore-agent", "tool")),
     Kind("tool", "rlcore_tools", "a function an agent may call during a rollout",
          "rlcore.interfaces:Tool", table="tools", named=True,
+         kit="rlcore.testing.tools:assert_tool_conforms",
          first_party=_from("rlcore-agent", "python", "function", "class")),
     Kind("launcher", "rlcore_launchers", "decides where the driver process runs",
          "rlcore.interfaces:Launcher", table="launcher", selector="name", kit="rlcore.testing.launchers:check_launcher",
