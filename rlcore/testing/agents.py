@@ -22,7 +22,8 @@ import copy
 import math
 import random
 import zlib
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from rlcore.components import Component
 from rlcore.interfaces import BuildContext, Completion, Prompt, SamplingParams, Trajectory

@@ -21,8 +21,9 @@ from __future__ import annotations
 import copy
 import math
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rlcore.components import Component
 from rlcore.interfaces import BuildContext
