@@ -343,6 +343,7 @@ PLUGIN_COMMANDS: dict[str, str] = {
     "serve": "rlcore-serve",
     "jobs": "rlcore-launcher-slurm",
     "from-verl": "rlcore-verl",
+    "sandbox": "rlcore-agent",
 }
 
 

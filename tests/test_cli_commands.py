@@ -117,8 +117,10 @@ def test_a_plugin_command_whose_plugin_is_installed_runs_as_usual(capsys):
 
 
 def test_the_plugin_commands_table_names_the_distributions_that_register_them():
-    """Each distribution in PLUGIN_COMMANDS, where installed, registers that command."""
+    """Each distribution in PLUGIN_COMMANDS, where installed, registers that command, and every
+    command of an installed first-party plugin (plugins/*) is in the table."""
     from importlib.metadata import PackageNotFoundError, version
+    from pathlib import Path
 
     from rlcore.cli import PLUGIN_COMMANDS
 
@@ -133,6 +135,13 @@ def test_the_plugin_commands_table_names_the_distributions_that_register_them():
         assert name in by_name and by_name[name].distribution == distribution, (name, distribution)
         checked += 1
     assert checked >= 1
+    plugins = Path(__file__).resolve().parents[1] / "plugins"
+    first_party = {line.split('"')[1] for p in plugins.glob("*/pyproject.toml")
+                   for line in p.read_text().splitlines() if line.startswith("name = ")}
+    for command in by_name.values():
+        if command.distribution in first_party:
+            assert PLUGIN_COMMANDS.get(command.name) == command.distribution, (
+                f"rlcore {command.name} (from {command.distribution}) is missing from rlcore.cli.PLUGIN_COMMANDS")
 
 
 def test_core_commands_win_over_a_plugin_command_of_the_same_name(extra_plugin, tmp_path, capsys):

@@ -217,7 +217,7 @@ def check_agent_loop(component: Component | Any, options: Any = None, *, context
 
     seeded = params.model_copy(update={"seed": seed + 1})
     one = loop.run(copy.deepcopy(prompts), KitEngine(tokenizer, seed=0, script=script), seeded)
-    check_trajectories(one, prompts, seeded, KitEngine(tokenizer))
+    check_trajectories(one, prompts, seeded, engine)
     two = loop.run(copy.deepcopy(prompts), KitEngine(tokenizer, seed=1, script=script), seeded)
     assert _signature(one) == _signature(two), (
         "with params.seed set, engines of different seeds gave different trajectories: the loop must pass "
