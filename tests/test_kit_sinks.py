@@ -164,6 +164,7 @@ class RoundsValues:
     def log(self, metrics, step):
         clean = {k: (round(v, 2) if math.isfinite(v) else None) for k, v in metrics.items()}
         self.file.write(json.dumps({"step": step, **clean}) + "\n")
+        self.file.flush()
 
     def close(self):
         self.file.close()
@@ -177,6 +178,7 @@ class NanAsZero:
     def log(self, metrics, step):
         clean = {k: (v if math.isfinite(v) else 0.0) for k, v in metrics.items()}
         self.file.write(json.dumps({"step": step, **clean}) + "\n")
+        self.file.flush()
 
     def close(self):
         self.file.close()
@@ -193,6 +195,29 @@ class NanAsZero:
 def test_broken_sinks_fail_the_kit_saying_why(sink, message):
     with pytest.raises(AssertionError, match=message):
         check_metrics_sink(sink)
+
+
+class WritesOnClose:
+    """Keeps every step in memory until close(): a run killed mid-way loses them all."""
+
+    def __init__(self, run_dir):
+        self.path = run_dir / "metrics.jsonl"
+        self.path.write_text("")
+        self.records = []
+
+    def log(self, metrics, step):
+        self.records.append({"step": step, **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}})
+
+    def close(self):
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+
+
+def test_a_sink_that_writes_on_close_passes_only_when_it_says_so(tmp_path):
+    check_metrics_sink(WritesOnClose(tmp_path), run_dir=tmp_path, read_back=_jsonl_back, flushes=False)
+    again = tmp_path / "again"
+    again.mkdir()
+    with pytest.raises(AssertionError, match=r"lost step 1 before close\(\) \(log must flush each step\)"):
+        check_metrics_sink(WritesOnClose(again), run_dir=again, read_back=_jsonl_back)
 
 
 @pytest.mark.parametrize("make, message", [

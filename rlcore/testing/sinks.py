@@ -13,7 +13,9 @@ it). ::
         check_metrics_sink(rlcore_registry.get("metrics_sink", "my_sink"), {"project": "x"}, run_dir=tmp_path)
 
 A sink that keeps what it was given can prove it: pass ``read_back(run_dir) -> {step: {name:
-value}}`` and the kit checks every step and every finite value arrived.
+value}}`` and the kit checks every step and every finite value arrived, and had arrived before
+``close()``: a run killed mid-way keeps the steps it logged (``flushes=False`` for a sink that
+writes only when closed).
 """
 
 from __future__ import annotations
@@ -55,14 +57,16 @@ def _build(component: Component | Any, options: Any, context: BuildContext) -> A
 
 def check_metrics_sink(component: Component | Any, options: Any = None, *, run_dir: str | Path | None = None,
                        context: BuildContext | None = None,
-                       read_back: Callable[[Path], dict[int, dict[str, Any]]] | None = None) -> dict[str, Any]:
+                       read_back: Callable[[Path], dict[int, dict[str, Any]]] | None = None,
+                       flushes: bool = True) -> dict[str, Any]:
     """Build the sink (a registered :class:`~rlcore.components.Component` with ``options``, or a
     built sink) into ``run_dir`` (a temporary directory by default), log :data:`STEPS` to it, hand
     it validation samples when it takes them, and close it. Checks that it has ``log`` and
     ``close``; that nothing raises on NaN, infinities, ints, extreme numbers, an empty dict or odd
     names; that the dicts and rows it was given are unchanged; and, with ``read_back``, that every
     step arrived with every finite value (NaN and infinities may be kept or dropped, but never
-    turned into another number). Returns ``{"run_dir": Path, "read": what read_back gave}``."""
+    turned into another number), already before ``close()`` unless ``flushes`` is False. Returns
+    ``{"run_dir": Path, "read": what read_back gave after close}``."""
     holder = None
     if run_dir is None and (context is None or context.run_dir is None):
         holder = tempfile.TemporaryDirectory(prefix="rlcore-sink-kit-")
@@ -91,6 +95,8 @@ def check_metrics_sink(component: Component | Any, options: Any = None, *, run_d
             except Exception as exc:  # noqa: BLE001
                 raise AssertionError(f"{name}.log_samples raised on rows {SAMPLES}: {type(exc).__name__}: {exc}") from exc
             assert _same(rows, SAMPLES), f"{name}.log_samples changed the rows it was given"
+        if read_back is not None and flushes:
+            _check_read_back(read_back(directory), name, " before close() (log must flush each step)")
         try:
             sink.close()
         except Exception as exc:  # noqa: BLE001
@@ -98,19 +104,19 @@ def check_metrics_sink(component: Component | Any, options: Any = None, *, run_d
         read = None
         if read_back is not None:
             read = read_back(directory)
-            _check_read_back(read, name)
+            _check_read_back(read, name, "")
         return {"run_dir": directory, "read": read}
     finally:
         if holder is not None:
             holder.cleanup()
 
 
-def _check_read_back(read: Any, name: str) -> None:
+def _check_read_back(read: Any, name: str, when: str) -> None:
     assert isinstance(read, dict), f"read_back must return {{step: {{name: value}}}}, got {type(read).__name__}"
     for step, metrics in STEPS:
         if not metrics:
             continue
-        assert step in read, f"{name} lost step {step}: read back steps {sorted(read)}"
+        assert step in read, f"{name} lost step {step}{when}: read back steps {sorted(read)}"
         for key, value in metrics.items():
             if not math.isfinite(value):
                 kept = read[step].get(key)
