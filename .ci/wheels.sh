@@ -47,7 +47,7 @@ core=$(wheel_of .)
 ls "$work/wheels"
 
 step "resolving one pip install of the core and every plugin (as into an empty environment)"
-everything=("$core[train,serve,test]")
+everything=("$core[train,test]")
 for d in plugins/*/pyproject.toml; do
   dir=$(dirname "$d")
   wheel=$(wheel_of "$dir")

@@ -260,7 +260,7 @@ def _add_manifest_args(parser: argparse.ArgumentParser, several: bool = False) -
 
 def build_parser(registry=None, command_name: str | None = None) -> argparse.ArgumentParser:
     """The parser: the core commands, and those of ``registry`` (hook ``rlcore_commands``; rlcore's
-    own ``data`` and ``serve`` among them) when one is given. ``command_name`` names the one
+    own ``data`` and ``eval`` among them) when one is given. ``command_name`` names the one
     registered command whose arguments to add (and whose configure to import); None adds all."""
     parser = argparse.ArgumentParser(prog="rlcore", description="RL post-training for LLMs from one TOML manifest.")
     parser.add_argument("--version", action="version", version=f"rlcore {__version__}")
@@ -337,6 +337,36 @@ def _command_runner(command):
     return run
 
 
+# Commands that rlcore's own plugin distributions add: asked for while the plugin is absent, they
+# get a one-line "pip install" hint instead of argparse's "invalid choice".
+PLUGIN_COMMANDS: dict[str, str] = {
+    "serve": "rlcore-serve",
+    "jobs": "rlcore-launcher-slurm",
+    "from-verl": "rlcore-verl",
+    "sandbox": "rlcore-agent",
+}
+
+
+def _check_plugin_command(registry, name: str) -> None:
+    """Raise a :class:`UsageError` naming the distribution to install (or to turn back on) when
+    ``name`` is a first-party plugin's command that ``registry`` does not hold."""
+    distribution = PLUGIN_COMMANDS.get(name)
+    if distribution is None or any(command.name == name for command in registry.commands()):
+        return
+    broken = [info for info in registry.plugin_infos() if info.distribution == distribution and info.status == "broken"]
+    if broken:
+        raise UsageError(f"rlcore {name}: the {distribution} plugin that provides it failed to load: {broken[0].error}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version(distribution)
+    except PackageNotFoundError:
+        raise UsageError(f"rlcore {name}: the command comes with the {distribution} plugin, which is not "
+                         f"installed: pip install {distribution}") from None
+    raise UsageError(f"rlcore {name}: the command comes with the {distribution} plugin, which is installed "
+                     "but turned off (--no-plugins, RLCORE_NO_PLUGINS or RLCORE_DISABLE_PLUGINS)")
+
+
 def _command_name(argv: Sequence[str]) -> str:
     """The sub-command in ``argv`` ("" if none): the first word that is not an option (rlcore's own
     options take no values)."""
@@ -353,6 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from rlcore.registry import Registry
 
             registry = Registry.discover(external="--no-plugins" not in argv)
+        if registry is not None:
+            _check_plugin_command(registry, _command_name(argv))
         parser = build_parser(registry, _command_name(argv))
         args, extra = parser.parse_known_args(argv)
         if extra and not getattr(args, "any_arguments", False):

@@ -119,8 +119,8 @@ class Component:
 
 @dataclass(frozen=True)
 class Command:
-    """An extra ``rlcore`` sub-command (hook ``rlcore_commands``); rlcore's own ``data`` and
-    ``serve`` are registered this way too.
+    """An extra ``rlcore`` sub-command (hook ``rlcore_commands``); rlcore's own ``data``, ``eval``
+    and ``plot`` are registered this way too, as are first-party plugins' (``serve``, ``jobs``).
 
     name:      the sub-command, ``rlcore <name>``.
     help:      one line for ``rlcore --help``.

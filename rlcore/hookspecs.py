@@ -218,8 +218,9 @@ def rlcore_commands() -> list:
     returns an exit code. Name both as ``"module:function"`` strings (or pass callables): a
     string is imported only when that command runs or shows its help, so registering stays
     light, and a module that fails to import makes only its own command report the error.
-    Raise :class:`rlcore.errors.RlcoreError` for expected failures. rlcore's own ``data`` and
-    ``serve`` commands are registered this way (:mod:`rlcore.builtin`).
+    Raise :class:`rlcore.errors.RlcoreError` for expected failures. rlcore's own ``data``,
+    ``eval`` and ``plot`` commands are registered this way (:mod:`rlcore.builtin`), and so is
+    ``serve`` (the ``rlcore-serve`` plugin).
 
     Example: ``Command(name="jobs", help="list rlcore's SLURM jobs, or cancel one",
     configure="rlcore_launcher_slurm.cli:configure", run="rlcore_launcher_slurm.cli:run")``.

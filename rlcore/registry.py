@@ -225,7 +225,7 @@ class Registry:
         return list(self.plugins.values())
 
     def commands(self) -> list[Command]:
-        """Sub-commands from hook ``rlcore_commands``, builtins (``data``, ``serve``) first, each
+        """Sub-commands from hook ``rlcore_commands``, builtins (``data``, ``eval``, ``plot``) first, each
         stamped with its plugin and distribution. A hook that fails marks its plugin broken."""
         found: list[Command] = []
         for impl in self.pm.hook.rlcore_commands.get_hookimpls():  # in registration order

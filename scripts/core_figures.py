@@ -46,7 +46,7 @@ for mod, path in modules.items():
                     edges.add((mod, r))
 
 UPPER = ("rlcore.trainer",)
-COMMANDS = ("rlcore.cli", "rlcore.evaluation", "rlcore.debug", "rlcore.serve", "rlcore.data.cli", "rlcore.testing",
+COMMANDS = ("rlcore.cli", "rlcore.evaluation", "rlcore.debug", "rlcore.serving", "rlcore.data.cli", "rlcore.testing",
             "rlcore.builtin", "rlcore.__main__")
 def under(m, prefixes):
     return any(m == p or m.startswith(p + ".") for p in prefixes)

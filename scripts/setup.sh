@@ -40,7 +40,7 @@ else
   phase "installing torch 2.13.0 from pip's configured index (the largest download; on the public PyPI the CUDA build: set RLCORE_TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU one)"
   "${pip[@]}" "torch==2.13.0"
 fi
-plugins=(plugins/rollout_hf plugins/algo_grpo plugins/algo_ppo plugins/algo_dapo plugins/reward_rule plugins/reward_model plugins/agent plugins/launcher_slurm plugins/verl plugins/reasoning_gym plugins/lm_eval plugins/verifiers)
+plugins=(plugins/rollout_hf plugins/algo_grpo plugins/algo_ppo plugins/algo_dapo plugins/reward_rule plugins/reward_model plugins/agent plugins/launcher_slurm plugins/verl plugins/reasoning_gym plugins/lm_eval plugins/verifiers plugins/serve)
 for optional in plugins/launcher_ray plugins/rollout_vllm plugins/rollout_sglang; do
   [ -f "$optional/pyproject.toml" ] && plugins+=("$optional")
 done

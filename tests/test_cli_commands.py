@@ -1,5 +1,5 @@
-"""Sub-commands registered through the ``rlcore_commands`` hook (rlcore's own ``data`` and ``serve``
-among them), and ``rlcore plugins --verbose``."""
+"""Sub-commands registered through the ``rlcore_commands`` hook (rlcore's own ``data`` and ``eval``
+among them; ``serve`` from the rlcore-serve plugin), and ``rlcore plugins --verbose``."""
 
 from __future__ import annotations
 
@@ -52,29 +52,30 @@ def _commands_plugin(*commands: Command):
     return Plugin()
 
 
-# ----------------------------------------------------------------------------- data and serve
+# ----------------------------------------------------------------------------- data and eval
 
 
-def test_data_and_serve_are_registered_through_the_hook_by_name_only():
+def test_data_and_eval_are_registered_through_the_hook_by_name_only():
     registry = Registry.discover(external=False, disabled=[])
     commands = {c.name: c for c in registry.commands()}
-    for name in ("data", "serve"):
-        command = commands[name]
+    assert commands["data"].configure == "rlcore.data.cli:configure" and commands["data"].run == "rlcore.data.cli:run"
+    assert commands["eval"].run == "rlcore.evaluation:run"
+    for command in commands.values():
         assert command.distribution == "rlcore" and command.plugin == "rlcore.builtin"
-        assert command.configure == f"rlcore.{name}.cli:configure" and command.run == f"rlcore.{name}.cli:run"
+    assert "serve" not in commands  # the rlcore-serve plugin's
 
 
-def test_help_lists_data_and_serve_without_importing_their_modules():
+def test_help_lists_data_and_eval_without_importing_their_modules():
     code = (
         "import sys, json; from rlcore.cli import main; rc = main(['--no-plugins', '--help']); "
-        "print(json.dumps({'rc': rc, 'loaded': [m for m in ('rlcore.data.cli', 'rlcore.serve.cli') if m in sys.modules],"
+        "print(json.dumps({'rc': rc, 'loaded': [m for m in ('rlcore.data.cli', 'rlcore.evaluation') if m in sys.modules],"
         " 'heavy': [m for m in %r if m in sys.modules]}))" % (HEAVY,)
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     lines = out.stdout.strip().splitlines()
     assert json.loads(lines[-1]) == {"rc": 0, "loaded": [], "heavy": []}
     text = "\n".join(lines[:-1])
-    assert "data" in text and "prepare datasets" in text and "serve" in text and "OpenAI-compatible" in text
+    assert "data" in text and "prepare datasets" in text and "eval" in text
 
 
 def test_rlcore_data_works_through_main(tmp_path, capsys):
@@ -87,9 +88,60 @@ def test_rlcore_data_works_through_main(tmp_path, capsys):
     assert main(["data", "synthetic", "--task", "addition", "--output", str(out), "--bogus"]) == 2
 
 
-def test_rlcore_serve_help_comes_from_its_configure(capsys):
+# ----------------------------------------------------------------------------- first-party plugins' commands
+
+
+def test_a_plugin_command_without_its_plugin_names_the_package_to_install(monkeypatch, capsys):
+    from rlcore import cli
+
+    monkeypatch.setitem(cli.PLUGIN_COMMANDS, "frobnicate", "rlcore-frobnicator-not-installed")
+    assert main(["frobnicate", "run.toml", "--port", "3"]) == 2
+    out = capsys.readouterr().out
+    assert out.strip().splitlines() == [
+        "error: rlcore frobnicate: the command comes with the rlcore-frobnicator-not-installed plugin, which is not "
+        "installed: pip install rlcore-frobnicator-not-installed"], out
+    assert "Traceback" not in out and "invalid choice" not in out
+
+
+def test_a_plugin_command_with_plugins_off_says_so(capsys):
+    pytest.importorskip("rlcore_serve")
+    assert main(["--no-plugins", "serve", "run.toml"]) == 2
+    out = capsys.readouterr().out
+    assert "rlcore serve: the command comes with the rlcore-serve plugin, which is installed but turned off" in out
+
+
+def test_a_plugin_command_whose_plugin_is_installed_runs_as_usual(capsys):
+    pytest.importorskip("rlcore_serve")
     assert main(["serve", "--help"]) == 0
     assert "--model-name" in capsys.readouterr().out
+
+
+def test_the_plugin_commands_table_names_the_distributions_that_register_them():
+    """Each distribution in PLUGIN_COMMANDS, where installed, registers that command, and every
+    command of an installed first-party plugin (plugins/*) is in the table."""
+    from importlib.metadata import PackageNotFoundError, version
+    from pathlib import Path
+
+    from rlcore.cli import PLUGIN_COMMANDS
+
+    registry = Registry.discover(disabled=[])
+    by_name = {c.name: c for c in registry.commands()}
+    checked = 0
+    for name, distribution in PLUGIN_COMMANDS.items():
+        try:
+            version(distribution)
+        except PackageNotFoundError:
+            continue
+        assert name in by_name and by_name[name].distribution == distribution, (name, distribution)
+        checked += 1
+    assert checked >= 1
+    plugins = Path(__file__).resolve().parents[1] / "plugins"
+    first_party = {line.split('"')[1] for p in plugins.glob("*/pyproject.toml")
+                   for line in p.read_text().splitlines() if line.startswith("name = ")}
+    for command in by_name.values():
+        if command.distribution in first_party:
+            assert PLUGIN_COMMANDS.get(command.name) == command.distribution, (
+                f"rlcore {command.name} (from {command.distribution}) is missing from rlcore.cli.PLUGIN_COMMANDS")
 
 
 def test_core_commands_win_over_a_plugin_command_of_the_same_name(extra_plugin, tmp_path, capsys):
@@ -159,8 +211,10 @@ def test_plugins_verbose_json_shows_each_factory_and_command(capsys):
     builtin = plugins["rlcore.builtin"]
     assert builtin["factories"]["policy_loss"] == {"ppo_clip": "rlcore.algorithms.losses:build_ppo_clip"}
     assert builtin["factories"]["metrics_sink"]["wandb"] == "rlcore.builtin.loggers:wandb"
-    assert {name: builtin["commands"].get(name) for name in ("data", "serve", "plot")} == {
-        "data": "rlcore.data.cli:run", "serve": "rlcore.serve.cli:run", "plot": "rlcore.plotting:run"}
+    assert {name: builtin["commands"].get(name) for name in ("data", "plot")} == {
+        "data": "rlcore.data.cli:run", "plot": "rlcore.plotting:run"}
+    if "serve" in plugins:
+        assert plugins["serve"]["commands"] == {"serve": "rlcore_serve.cli:run"}
     assert plugins["algo_grpo"]["factories"]["advantage_estimator"]["grpo"] == "rlcore_algo_grpo.estimators:build_grpo"
     for plugin in plugins.values():  # one factory per listed component
         assert {k: sorted(v) for k, v in plugin["factories"].items()} == {k: sorted(v) for k, v in plugin["components"].items()}

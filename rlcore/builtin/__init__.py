@@ -107,12 +107,6 @@ def rlcore_commands():
             run="rlcore.evaluation:run",
         ),
         Command(
-            name="serve",
-            help="serve a manifest's rollout engine as an OpenAI-compatible endpoint",
-            configure="rlcore.serve.cli:configure",
-            run="rlcore.serve.cli:run",
-        ),
-        Command(
             name="plot",
             help="plot runs' reward, validation and response-length curves into a PNG",
             configure="rlcore.plotting:configure",

@@ -13,7 +13,8 @@ Fixtures (available in any pytest session once rlcore is installed):
 
 Conformance kits, one per component kind, that any plugin's own tests can run:
 :mod:`rlcore.testing.engines`, :mod:`rlcore.testing.algorithms`, :mod:`rlcore.testing.rewards`,
-:mod:`rlcore.testing.tools`.
+:mod:`rlcore.testing.tools`, :mod:`rlcore.testing.shaping`, :mod:`rlcore.testing.agents`,
+:mod:`rlcore.testing.sinks`, :mod:`rlcore.testing.launchers` (``rlcore.kinds`` names each kind's).
 
 Helpers: :func:`require_plugins` (skip a test that needs other plugins when they are absent),
 :mod:`rlcore.testing.runs` (a tiny training manifest, the CLI in a subprocess, a run's

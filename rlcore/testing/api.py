@@ -44,6 +44,7 @@ PLUGIN_API: tuple[str, ...] = (
     "rlcore.engine_kit.*",  # the kit for engines that drive vLLM/SGLang
     "rlcore.launching",
     "rlcore.manifest_api",  # the core tables and components' options, for manifest writers
+    "rlcore.serving",  # a manifest's engine and tokenizer, for servers (rlcore-serve)
     "rlcore.testing.*",
 )
 

@@ -232,7 +232,7 @@ def test_update_without_sync_dir_is_a_usage_error(fake):
 
 @pytest.mark.slow
 def test_conformance_against_rlcore_serve(tmp_path):
-    serve_app = pytest.importorskip("rlcore.serve.app")
+    serve_app = pytest.importorskip("rlcore_serve.app")  # rlcore-serve, when installed beside
     uvicorn = pytest.importorskip("uvicorn")
     hf_engine = pytest.importorskip("rlcore_rollout_hf.engine")
     from transformers import AutoModelForCausalLM, AutoTokenizer

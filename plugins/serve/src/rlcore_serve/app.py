@@ -16,7 +16,7 @@ with a 404. Anything unexpected is a 500 in the same shape (type ``server_error`
 connection stays usable: no exception leaves the app, so uvicorn never drops a keep-alive
 connection after an error.
 
-Concurrent requests are batched into shared engine calls (:mod:`rlcore.serve.batching`).
+Concurrent requests are batched into shared engine calls (:mod:`rlcore_serve.batching`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlcore.errors import UsageError
 from rlcore.interfaces import Completion, RolloutEngine, SamplingParams
-from rlcore.serve.batching import Batcher, Result, reports_top_logprobs
+from rlcore_serve.batching import Batcher, Result, reports_top_logprobs
 from rlcore.tool_calls import parse_tool_calls
 
 logger = logging.getLogger("rlcore.serve")

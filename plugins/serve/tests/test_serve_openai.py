@@ -45,6 +45,16 @@ def build(options, context):
 @rlcore.hookimpl
 def rlcore_rollout_engines():
     return [Component(name="scripted", factory=build, options=Options, description="test engine", needs={"tokenizer"})]
+
+
+def never_built(options, context):
+    raise AssertionError("serving builds no advantage estimator")
+
+
+# A manifest names one, and rlcore-serve alone installs none (the algorithm plugins are not its dependencies).
+@rlcore.hookimpl
+def rlcore_advantage_estimators():
+    return [Component(name="scripted_outcome", factory=never_built, options=Options, description="test estimator")]
 '''
 
 WEATHER = {
@@ -74,6 +84,8 @@ def server(tmp_path_factory):
     (info / "entry_points.txt").write_text("[rlcore]\nscripted = rlcore_test_scripted_engine\n")
     tok_dir = root / "tokenizer"
     make_chat_tokenizer().save_pretrained(tok_dir)
+    reward = root / "reward.py"  # a builtin reward: the served manifest must validate with rlcore-serve alone
+    reward.write_text("def score(item):\n    return 0.0\n")
     manifest = root / "serve.toml"
     manifest.write_text(
         textwrap.dedent(
@@ -89,7 +101,9 @@ def server(tmp_path_factory):
             [rollout]
             engine = "scripted"
             [reward]
-            function = "math"
+            function = "python:{reward}:score"
+            [algorithm]
+            advantage = "scripted_outcome"
             [trainer]
             steps = 1
             """

@@ -1,4 +1,5 @@
-"""``rlcore serve MANIFEST``: build the manifest's tokenizer and rollout engine and serve them.
+"""``rlcore serve MANIFEST``: build the manifest's tokenizer and rollout engine (:mod:`rlcore.serving`)
+and serve them with uvicorn.
 
 Imports nothing heavy at module level (the CLI imports this module to build its parser).
 """
@@ -47,32 +48,16 @@ def build_server(
         raise UsageError(f"--max-tokens-limit must be at least 1, got {max_tokens_limit}")
     if batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
-    from rlcore.interfaces import BuildContext
-    from rlcore.manifest.loader import load_manifest
-    from rlcore.registry import Registry
-    from rlcore.serve.app import create_app
+    from rlcore.serving import build_served_engine
+    from rlcore_serve.app import create_app
 
-    resolved = load_manifest(manifest_path, list(overrides or []), registry=Registry.discover())
-    cfg = resolved.core
-    from rlcore.trainer import models
-    from rlcore.trainer.precision import resolve
-
-    device = models.resolve_device(cfg.run.device)
-    compute_dtype = resolve(cfg.model, device).compute  # serving needs no float32 master
-    tokenizer = models.load_tokenizer(cfg.model)
-    selected = resolved.component("rollout.engine")
-    actor = None
-    if "actor_model" in selected.component.needs:
-        actor = models.load_causal_lm(cfg.model, device, dtype=compute_dtype)
-        actor.eval()
-    context = BuildContext.from_manifest(resolved, dtype=compute_dtype, device=device, tokenizer=tokenizer, actor=actor)
-    engine = selected.component.build(selected.options, context)
+    served = build_served_engine(manifest_path, list(overrides or []))
     return create_app(
-        engine,
-        tokenizer,
-        model_name=model_name or cfg.run.name,
-        max_tokens=cfg.data.max_response_tokens,
-        stop=list(cfg.rollout.stop),
+        served.engine,
+        served.tokenizer,
+        model_name=model_name or served.model_name,
+        max_tokens=served.max_tokens,
+        stop=served.stop,
         max_tokens_limit=max_tokens_limit,
         max_batch_size=batch_size,
     )
@@ -82,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     app = build_server(args.manifest, args.overrides, args.model_name, args.max_tokens_limit, args.batch_size)
     try:
         import uvicorn
-    except ImportError as exc:  # pragma: no cover - uvicorn is a serve dependency
-        raise RlcoreError(f"rlcore serve needs uvicorn and fastapi: pip install fastapi uvicorn ({exc})") from None
+    except ImportError as exc:  # pragma: no cover - uvicorn is a dependency of rlcore-serve
+        raise RlcoreError(f"rlcore serve needs uvicorn: pip install rlcore-serve ({exc})") from None
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -1,2 +1,2 @@
 """``rlcore serve``: a manifest's rollout engine behind an OpenAI-compatible HTTP API
-(:mod:`rlcore.serve.app`), started by :mod:`rlcore.serve.cli`."""
+(:mod:`rlcore_serve.app`), started by :mod:`rlcore_serve.cli`."""

@@ -1,4 +1,4 @@
-"""rlcore.serve.batching: which waiting requests share an engine call. The engine is the scripted
+"""rlcore_serve.batching: which waiting requests share an engine call. The engine is the scripted
 one (its ``generate`` takes no per-prompt budgets), held busy on a first request so that the
 others queue up before the worker looks at them."""
 
@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from rlcore.interfaces import SamplingParams
-from rlcore.serve.batching import Batcher
+from rlcore_serve.batching import Batcher
 from rlcore.testing.tools import ScriptedEngine, make_chat_tokenizer
 
 

@@ -15,12 +15,15 @@ from typing import Any
 import httpx
 import pytest
 
-pytest.importorskip("rlcore_rollout_hf")
+from rlcore.testing import require_plugins
+
+require_plugins("rlcore_rollout_hf")  # the real engine these tests serve
 torch = pytest.importorskip("torch")
 uvicorn = pytest.importorskip("uvicorn")
 
-from rlcore.interfaces import SamplingParams  # noqa: E402
-from rlcore.serve.app import create_app  # noqa: E402
+from rlcore.interfaces import BuildContext, SamplingParams  # noqa: E402
+from rlcore.testing.runs import discover_registry  # noqa: E402
+from rlcore_serve.app import create_app  # noqa: E402
 
 pytestmark = pytest.mark.slow  # loads a tiny model and starts a server thread: ~15 s
 
@@ -62,13 +65,12 @@ def _free_port() -> int:
 def served(tiny_model):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlcore_rollout_hf.engine import HFRolloutEngine
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
-    engine = Instrumented(HFRolloutEngine(model, tokenizer=tokenizer))
+    hf = discover_registry().get("rollout_engine", "hf")  # the engine, through the registry as a run builds it
+    engine = Instrumented(hf.build(None, BuildContext(actor=model, tokenizer=tokenizer, device="cpu")))
     assert engine.max_positions == CONTEXT
     app = create_app(engine, tokenizer, model_name="tiny", max_tokens=8, max_tokens_limit=LIMIT)
     port = _free_port()
