@@ -1,12 +1,13 @@
 """The RL loop on one process (one rank): the step reads as the concept diagram.
 
-    prompts -> scheduler (agent loop driving the rollout engine; reward function) -> scores
-      -> old / reference log-probs, values -> advantage estimator -> policy (and critic) update
-      -> the scheduler syncs the engine
+    generate (scheduler: agent loop driving the engine; reward; shapers, filters) -> assemble
+      -> prepare (old / reference log-probs, values) -> estimate (advantages)
+      -> update (actor, critic) -> sync (the engine's weights) -> report
 
-Each box is a role of its own (actor.py, critic.py, rollout.py, scoring.py, scheduler.py); every
-swappable part comes from the manifest through the registry. This module wires them, in the order
-of one step, and runs the loop: validation, checkpoints, metrics (docs/architecture.md).
+``train_step`` is that list of stages over one step record (step_record.py). The roles they use
+are built by roles.py for training; every swappable part comes from the manifest through the
+registry. This module runs the loop around the steps: validation, checkpoints, metrics
+(docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -128,16 +129,16 @@ class RLTrainer:
         inputs = StepInputs(self.train_set.prompts, self.cfg.data.gen_batch_size or self.cfg.data.prompts_per_step,
                             self.sampling, self.dist.shard)
         maker = BatchMaker(self.scorer, self.tokenizer, inputs, filling)
-        common = (self.rollout, maker, self.actor.weights_to_sync, self.step, self.cursor)
         if staleness is None:
             if self.step and not self.engine.shares_actor:  # an engine holding its own weights still has the initial ones
                 self.rollout.sync_weights(self.actor.weights_to_sync())
-            return InTurn(*common)
+            return InTurn(self.rollout, maker, self.actor.weights_to_sync, self.cursor)
         logger.info(
             "rollouts in the background, at most {} step(s) behind the trainer; rollout_correction = {}",
             staleness, self.cfg.algorithm.rollout_correction,
         )
-        return Background(*common, max_staleness=staleness, in_flight=in_flight)
+        return Background(self.rollout, maker, self.actor.weights_to_sync, self.step, self.cursor,
+                          max_staleness=staleness, in_flight=in_flight)
 
     @property
     def engine(self):
@@ -261,7 +262,7 @@ class RLTrainer:
     def generate(self, record: StepRecord) -> None:
         """The scheduler's scored batch for this step: it decides when it was generated (in turn,
         or ahead in the background); filling.py decides how (rounds, shapers, filters)."""
-        record.scored = self.scheduler.next_batch(record.timer)
+        record.scored = self.scheduler.next_batch(record.step, record.timer)
         record.metrics.update(record.scored.metrics)
         staleness = record.scored.staleness()
         record.metrics["rollout/staleness/mean"] = sum(staleness) / max(len(staleness), 1)

@@ -100,37 +100,17 @@ def build_roles(manifest: ResolvedManifest, purpose: str, *, run_dir: str | Path
 
 
 def _build_roles(manifest: ResolvedManifest, purpose: str, run_dir, checkpoint: Path | None,
-           started: list[Callable[[], None]]) -> Roles:
-    import torch
-
-    from rlcore.checkpoint import Checkpointer
+                 started: list[Callable[[], None]]) -> Roles:
     from rlcore.trainer import models, precision, startup_checks
     from rlcore.trainer.actor import Actor
     from rlcore.trainer.batching import Batching
-    from rlcore.trainer.distributed import Distributed
     from rlcore.trainer.rollout import Rollout
     from rlcore.trainer.scoring import Scorer
     from rlcore.trainer.step_inputs import Sampling, eos_ids
 
     cfg = manifest.core
     training = purpose == "train"
-    device = models.resolve_device(cfg.run.device)
-    # fsdp_offload on one rank: FSDP2 over a process group of one, for its CPU offload policy.
-    dist = Distributed.from_env(device, shard_one=cfg.trainer.fsdp_offload)
-    started.append(dist.close)
-    if device == "cuda":
-        device = f"cuda:{dist.local_rank}"
-    if training:
-        startup_checks.batch_divides(manifest, dist.world)
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
-    if cfg.run.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.manual_seed(cfg.run.seed)
-
-    state = Checkpointer.read_state(checkpoint) if checkpoint is not None else None
-    if state is not None and training:
-        startup_checks.checkpoint_matches(manifest, checkpoint, state, dist)
+    device, dist, state = _start(manifest, training, checkpoint, started)
     start_step = int(state["step"]) if state is not None else 0
 
     prec = precision.resolve(cfg.model, device)
@@ -195,6 +175,35 @@ def _build_roles(manifest: ResolvedManifest, purpose: str, run_dir, checkpoint: 
                  tokenizer=tokenizer, actor=actor, rollout=rollout, sampling=sampling, start_step=start_step,
                  checkpoint=checkpoint, checkpoint_state=state, total_steps=total_steps, engine_process=engine_process,
                  scorer=scorer, train_set=train_set, val_set=val_set, sinks=sinks, **algorithm)
+
+
+def _start(manifest: ResolvedManifest, training: bool, checkpoint: Path | None, started: list) -> tuple[str, Any, Any]:
+    """This rank's device and process group, torch's threads and seed, and the checkpoint's
+    state (None without one): ``(device, dist, state)``."""
+    import torch
+
+    from rlcore.checkpoint import Checkpointer
+    from rlcore.trainer import models, startup_checks
+    from rlcore.trainer.distributed import Distributed
+
+    cfg = manifest.core
+    device = models.resolve_device(cfg.run.device)
+    # fsdp_offload on one rank: FSDP2 over a process group of one, for its CPU offload policy.
+    dist = Distributed.from_env(device, shard_one=cfg.trainer.fsdp_offload)
+    started.append(dist.close)
+    if device == "cuda":
+        device = f"cuda:{dist.local_rank}"
+    if training:
+        startup_checks.batch_divides(manifest, dist.world)
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    if cfg.run.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.manual_seed(cfg.run.seed)
+    state = Checkpointer.read_state(checkpoint) if checkpoint is not None else None
+    if state is not None and training:
+        startup_checks.checkpoint_matches(manifest, checkpoint, state, dist)
+    return device, dist, state
 
 
 def _algorithm(manifest, context, actor, model_cfg, prec, dist, device, batching, tokenizer) -> dict[str, Any]:

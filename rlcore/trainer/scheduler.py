@@ -32,16 +32,14 @@ from rlcore.trainer.rollout import Rollout
 class InTurn:
     """Generate, then train, then sync the engine, one after another."""
 
-    def __init__(self, rollout: Rollout, maker: BatchMaker, weights: Callable, step: int, cursor: DataCursor):
+    def __init__(self, rollout: Rollout, maker: BatchMaker, weights: Callable, cursor: DataCursor):
         self.rollout, self.maker, self.weights = rollout, maker, weights
-        self.step, self.cursor = step, cursor.copy()
+        self.cursor = cursor.copy()
 
-    def next_batch(self, timer) -> ScoredBatch:
-        """Generate with the current weights, then score."""
+    def next_batch(self, step: int, timer) -> ScoredBatch:
+        """Step ``step``'s batch: generated with the current weights (version ``step``), then scored."""
         fault_point("generate")
-        batch = self.maker.make(self.rollout.generate, self.step, self.cursor, self.step, phase=timer.phase)
-        self.step += 1
-        return batch
+        return self.maker.make(self.rollout.generate, step, self.cursor, step, phase=timer.phase)
 
     def sync_weights(self, timer) -> None:
         """The actor was updated: sync the engine before it generates again."""
@@ -95,11 +93,14 @@ class Background:
 
     # ------------------------------------------------------------------ the trainer's side
 
-    def next_batch(self, timer) -> ScoredBatch:
+    def next_batch(self, step: int, timer) -> ScoredBatch:
+        """Step ``step``'s batch, waited for; the trainer asks for its steps in order."""
+        if step != self.trained:
+            raise RuntimeError(f"the trainer asked for step {step + 1}'s batch; the background thread makes step "
+                               f"{self.trained + 1}'s next")
         if self._thread is None:
             self._thread = threading.Thread(target=self._produce, name="rlcore-rollout", daemon=True)
             self._thread.start()
-        step = self.trained
         with timer("wait_rollout"), self._changed:
             while step not in self._results:
                 if not self._thread.is_alive():
