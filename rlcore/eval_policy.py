@@ -1,15 +1,16 @@
-"""The policy an outside evaluation harness scores: a set-up trainer's engine and actor, on token ids.
+"""The policy an outside evaluation harness scores: the run's engine and actor, on token ids.
 
-``rlcore eval --harness NAME`` builds the run's roles around the chosen checkpoint or export (as
-``rlcore eval`` does for its own sets), wraps them in :class:`TrainerPolicy` and hands that to the
-harness. Sampling goes through the run's rollout engine, so a harness sees what training and
+``rlcore eval --harness NAME`` builds the run's eval roles around the chosen checkpoint or export
+(as ``rlcore eval`` does for its own sets), wraps them in :class:`TrainerPolicy` and hands that to
+the harness. Sampling goes through the run's rollout engine, so a harness sees what training and
 validation sample; log-likelihoods come from the actor's forward pass, the same numbers the
 trainer's losses use. Imports torch: load only when a harness runs.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextlib
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -17,12 +18,14 @@ from rlcore.interfaces import SamplingParams
 
 
 class TrainerPolicy:
-    """:class:`rlcore.interfaces.EvalPolicy` over an :class:`rlcore.trainer.rl.RLTrainer` after ``setup()``."""
+    """:class:`rlcore.interfaces.EvalPolicy` over built roles (:func:`rlcore.trainer.roles.build_roles`:
+    their tokenizer, actor, device and rollout engine). ``quiet()``: held while the engine samples
+    (a trainer's scheduler's, which pauses background rollouts)."""
 
-    def __init__(self, trainer: Any, batch_tokens: int = 8192) -> None:
-        self.trainer = trainer
-        self.tokenizer = trainer.tokenizer
-        config = getattr(trainer.actor.module, "config", None)
+    def __init__(self, roles: Any, batch_tokens: int = 8192, quiet: Callable[[], Any] = contextlib.nullcontext) -> None:
+        self.roles, self.quiet = roles, quiet
+        self.tokenizer = roles.tokenizer
+        config = getattr(roles.actor.module, "config", None)
         self.max_length = int(getattr(config, "max_position_embeddings", 0) or 2048)
         self.batch_tokens = batch_tokens
 
@@ -31,8 +34,8 @@ class TrainerPolicy:
             return []
         if params.n != 1:
             params = params.model_copy(update={"n": 1})
-        engine = self.trainer.rollout.engine
-        with self.trainer.scheduler.quiet():
+        engine = self.roles.rollout.engine
+        with self.quiet():
             engine.wake_up()
             try:
                 completions = engine.generate([list(p) for p in prompts], params)
@@ -42,8 +45,8 @@ class TrainerPolicy:
 
     @torch.no_grad()
     def loglikelihood(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[tuple[float, bool]]:
-        module = self.trainer.actor.module
-        device = self.trainer.device
+        module = self.roles.actor.module
+        device = self.roles.device
         was_training = module.training
         module.eval()
         out: list[tuple[float, bool] | None] = [None] * len(requests)

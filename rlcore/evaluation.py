@@ -74,11 +74,14 @@ def _checkpoint(path: Path) -> Path:
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
-    """Build the run's roles around the chosen weights and validate on each set; the report."""
+    """Build the run's eval roles around the chosen weights (no optimizer, critic, reference,
+    training data or sinks) and validate on each set; the report."""
     from rlcore.data import load_prompts
+    from rlcore.errors import RlcoreError
     from rlcore.manifest.loader import load_manifest
     from rlcore.registry import Registry
-    from rlcore.trainer.rl import RLTrainer
+    from rlcore.trainer.roles import build_roles
+    from rlcore.trainer.validation import validate
 
     overrides = list(args.overrides)
     if args.samples is not None:
@@ -97,35 +100,37 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         model = manifest.core.model
         model.path, model.gguf_file, model.lora = str(args.model.resolve()), None, None  # an export is merged
     sets = _named_sets(args.data, manifest.core.data.val, required=harness is None)
-    with tempfile.TemporaryDirectory(prefix="rlcore-eval-") as scratch:  # the trainer's sinks write nothing kept
-        trainer = RLTrainer(manifest, scratch, checkpoint=checkpoint)
-        try:
-            trainer.setup()
-            trainer.sinks = []
-            d = manifest.core.data
-            results: dict[str, dict[str, float]] = {}
-            for name, spec in sets.items():
-                limit = args.max_prompts or d.val_max_prompts
-                trainer.val_set = load_prompts(spec, role="val", tokenizer=trainer.tokenizer, max_prompt_tokens=d.max_prompt_tokens,
-                                               prompt_key=d.prompt_key, base_dir=manifest.base_dir, limit=limit,
-                                               chat_template_kwargs=d.chat_template_kwargs)
-                metrics = trainer.evaluate()
-                metrics["prompts"] = float(len(trainer.val_set.prompts))
-                results[name] = metrics
-            harness_report = None
-            if harness is not None:
-                from rlcore.eval_policy import TrainerPolicy
+    roles = build_roles(manifest, "eval", checkpoint=checkpoint)
+    try:
+        d = manifest.core.data
+        results: dict[str, dict[str, float]] = {}
+        for name, spec in sets.items():
+            try:
+                prompts = load_prompts(spec, role="val", tokenizer=roles.tokenizer, max_prompt_tokens=d.max_prompt_tokens,
+                                       prompt_key=d.prompt_key, base_dir=manifest.base_dir,
+                                       limit=args.max_prompts or d.val_max_prompts,
+                                       chat_template_kwargs=d.chat_template_kwargs, context=roles.context)
+                roles.scorer.check_data(prompts.prompts, prompts.source)
+            except RlcoreError as exc:  # bad input data: a usage error, like a bad manifest
+                raise UsageError(str(exc)) from None
+            metrics = validate(roles, prompts.prompts, roles.start_step)
+            metrics["prompts"] = float(len(prompts.prompts))
+            results[name] = metrics
+        harness_report = None
+        if harness is not None:
+            from rlcore.eval_policy import TrainerPolicy
 
-                component, instance = harness
-                directory = Path(tempfile.mkdtemp(prefix=f"rlcore-{component.name}-"))  # moved beside the report
-                harness_report = {"name": component.name, "provider": component.provider, "output_dir": str(directory),
-                                  **instance.run(TrainerPolicy(trainer), str(directory))}
-        finally:
-            trainer.close()
+            component, instance = harness
+            directory = Path(tempfile.mkdtemp(prefix=f"rlcore-{component.name}-"))  # moved beside the report
+            harness_report = {"name": component.name, "provider": component.provider, "output_dir": str(directory),
+                              **instance.run(TrainerPolicy(roles), str(directory))}
+    finally:
+        for close in roles.closers():
+            close()
     report = {
         "manifest": str(Path(args.manifest).resolve()),
         "policy": str(checkpoint or args.model or manifest.core.model.path),
-        "step": trainer.step,
+        "step": roles.start_step,
         "samples_per_prompt": manifest.core.rollout.val_samples_per_prompt,
         "sets": results,
     }

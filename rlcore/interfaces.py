@@ -331,8 +331,11 @@ class BuildContext:
     device: where the trainer runs ("cpu", "cuda:0"). tokenizer: the run's transformers tokenizer.
     actor: the trainer's actor module, so an engine in the same process can share its parameters.
     tools: the run's tools by ``[tools.NAME]`` table name (agent loops). resume_step: the step a
-    resumed run continues after (None for a fresh run). total_steps: ``[trainer] steps`` (None until
-    the data is loaded when the manifest gives ``total_epochs``).
+    resumed run continues after (None for a fresh run). total_steps: the steps the run trains
+    (``[trainer] steps``, or counted from the data under ``total_epochs``; None outside training).
+    A run fills these in before it builds its first component (rlcore.trainer.roles); only
+    ``actor`` arrives once the actor is built, and data sources, whose prompts the steps are
+    counted from under ``total_epochs``, see no ``total_steps`` then.
     concurrent: the engine generates while the trainer trains (``[rollout] max_staleness``), so it
     must hold its own copy of the weights rather than share the actor's module.
 

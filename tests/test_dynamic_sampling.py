@@ -239,8 +239,8 @@ def test_padded_groups_leave_the_update_as_the_found_groups_alone_would_make_it(
                                   [False] * (2 * n) + [True] * (2 * n))
         found = type(real)(0, real.prompts[:2], real.params, real.trajectories[: 2 * n], scores[: 2 * n], real.cursor, {})
         for step in range(2):
-            padded.scheduler.next_batch = lambda timer: with_padding
-            alone.scheduler.next_batch = lambda timer: found
+            padded.scheduler.next_batch = lambda step, timer: with_padding
+            alone.scheduler.next_batch = lambda step, timer: found
             a, b = padded.train_step(), alone.train_step()
             assert a["actor/grad_norm"] == pytest.approx(b["actor/grad_norm"], rel=1e-4), step
             assert a["actor/pg_loss"] == pytest.approx(b["actor/pg_loss"], rel=1e-4, abs=1e-7), step

@@ -118,8 +118,8 @@ def test_stale_batches_train_against_current_and_generating_log_probs(tmp_path, 
             scored_versions = []
             original = trainer.scheduler.next_batch
 
-            def recording(timer, original=original):
-                scored = original(timer)
+            def recording(step, timer, original=original):
+                scored = original(step, timer)
                 scored_versions.append({t.policy_version for t in scored.trajectories})
                 return scored
 

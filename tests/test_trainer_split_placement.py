@@ -230,13 +230,11 @@ def test_weights_reach_an_engine_process_on_the_gpu_through_cuda_ipc(tmp_path):
 def test_each_rank_gets_its_engine_device(tmp_path, tiny_model):
     from types import SimpleNamespace
 
-    from rlcore.trainer.rl import RLTrainer
+    from rlcore.trainer.startup_checks import engine_device
 
-    def device_for(engine_device, world=1, local_rank=0, device="cuda:0"):
-        manifest = load_manifest(write_run_manifest(tmp_path, tiny_model, rollout={"placement": "split", "engine_device": engine_device}))
-        trainer = SimpleNamespace(cfg=manifest.core, manifest=manifest, device=device,
-                                  dist=SimpleNamespace(world=world, local_rank=local_rank))
-        return RLTrainer._engine_device(trainer)
+    def device_for(wanted, world=1, local_rank=0, device="cuda:0"):
+        manifest = load_manifest(write_run_manifest(tmp_path, tiny_model, rollout={"placement": "split", "engine_device": wanted}))
+        return engine_device(manifest, SimpleNamespace(world=world, local_rank=local_rank), device)
 
     assert device_for(None, world=2, local_rank=1, device="cuda:1") == "cuda:1"  # the rank's own
     assert device_for("cuda:1") == "cuda:1"

@@ -30,7 +30,8 @@ from rlcore.trainer.updating import run_updates
 
 class Actor(precision.TrainedRole):
     def __init__(self, cfg: Manifest, model_cfg: ModelTable, prec: precision.Precision, dist: Distributed, device: str,
-                 batching: Batching, checkpoint: Path | None):
+                 batching: Batching, checkpoint: Path | None, train: bool = True):
+        """``train``: build the optimizer and its schedule (not for a policy only evaluated or served)."""
         self.cfg, self.dist, self.device, self.batching = cfg, dist, device, batching
         # Offloaded shards live in CPU memory: load there, and FSDP copies one layer at a time to the
         # device as it shards (the whole model never has to fit on the device).
@@ -55,8 +56,8 @@ class Actor(precision.TrainedRole):
         # What the optimizer steps: the float32 masters, or the module's own trainable parameters.
         self.params = self.masters.params if self.masters else [p for p in self.module.parameters() if p.requires_grad]
         t = cfg.trainer
-        self.optimizer = adamw(self.params, t.lr, t.betas, t.weight_decay)
-        self.scheduler = warmup(self.optimizer, t.warmup_steps)
+        self.optimizer = adamw(self.params, t.lr, t.betas, t.weight_decay) if train else None
+        self.scheduler = warmup(self.optimizer, t.warmup_steps) if train else None
 
     def dummy_forward(self, model=None) -> torch.Tensor:
         """A forward whose loss is 0 but reaches every parameter (keeps ranks in step)."""
@@ -89,7 +90,7 @@ class Actor(precision.TrainedRole):
     # tensors travel, with this spec as update_weights' ``lora``.
     engine_lora: dict | None = None
 
-    def weights_for_engine(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def weights_to_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The actor's weights under Hugging Face names (LoRA merged in), or only its LoRA adapter
         tensors (PEFT names) when ``engine_lora`` is set, produced lazily: an engine that shares
         the actor's parameters never iterates it. With several ranks each tensor is gathered

@@ -20,8 +20,9 @@ from rlcore.trainer.data_cursor import DataCursor
 from rlcore.trainer.metrics import merge_metrics
 from rlcore.trainer.scoring import Scorer
 
-# (step, cursor) -> the step's prompts and sampling parameters; advances the cursor.
-StepInputs = Callable[[int, DataCursor], tuple[list[Prompt], SamplingParams]]
+# (step, cursor) -> the round's prompts and the step's sampling parameters; advances the cursor.
+# The trainer's is a step_inputs.StepInputs; tests give plain functions.
+Inputs = Callable[[int, DataCursor], tuple[list[Prompt], SamplingParams]]
 T = TypeVar("T")
 ON_EXHAUSTED = ("pad", "raise")  # what a selecting filter's on_exhausted may be
 
@@ -121,9 +122,11 @@ class Filling:
 
 
 class BatchMaker:
-    """Generate (one round or several) and score one step's batch, the same way for every scheduler."""
+    """Generate (one round or several) and score one step's batch, the same way for every
+    scheduler, from what ``inputs`` gives (its prompts and sampling: step_inputs.py), never
+    asking the trainer."""
 
-    def __init__(self, scorer: Scorer, tokenizer, inputs: StepInputs, filling: Filling | None = None):
+    def __init__(self, scorer: Scorer, tokenizer, inputs: Inputs, filling: Filling | None = None):
         self.scorer, self.tokenizer, self.inputs = scorer, tokenizer, inputs
         self.filling = filling or Filling()
 

@@ -1,20 +1,18 @@
 """The RL loop on one process (one rank): the step reads as the concept diagram.
 
-    prompts -> scheduler (agent loop driving the rollout engine; reward function) -> scores
-      -> old / reference log-probs, values -> advantage estimator -> policy (and critic) update
-      -> the scheduler syncs the engine
+    generate (scheduler: agent loop driving the engine; reward; shapers, filters) -> assemble
+      -> prepare (old / reference log-probs, values) -> estimate (advantages)
+      -> update (actor, critic) -> sync (the engine's weights) -> report
 
-Each box is a role of its own (actor.py, critic.py, rollout.py, scoring.py, scheduler.py); every
-swappable part comes from the manifest through the registry. This module wires them, in the order
-of one step, and runs the loop: validation, checkpoints, metrics (docs/architecture.md).
+``train_step`` is that list of stages over one step record (step_record.py). The roles they use
+are built by roles.py for training; every swappable part comes from the manifest through the
+registry. This module runs the loop around the steps: validation, checkpoints, metrics
+(docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import math
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -22,30 +20,26 @@ from typing import Any
 import torch
 from loguru import logger
 
-from rlcore import progress
 from rlcore.algorithms.importance import mismatch_metrics, mismatch_sums
-from rlcore.algorithms.objective import ObjectiveOptions
-from rlcore.errors import RlcoreError, UsageError
-from rlcore.interfaces import AdvantageInput, BuildContext, Prompt, SamplingParams, Trajectory
+from rlcore.checkpoint import Checkpointer
+from rlcore import progress
+from rlcore.errors import RlcoreError
+from rlcore.interfaces import AdvantageInput, Trajectory
 from rlcore.manifest.loader import ResolvedManifest
 from rlcore.testing.faults import fault_point
-from rlcore.trainer import models, precision, startup_checks
-from rlcore.trainer.actor import Actor
 from rlcore.trainer.batch import RolloutBatch, build_batch
-from rlcore.trainer.batching import Batching
-from rlcore.checkpoint import Checkpointer
 from rlcore.trainer.data_cursor import DataCursor, MixedCursor, shares
-from rlcore.trainer.distributed import Distributed
-from rlcore.trainer.metrics import merge_metrics
-from rlcore.trainer.flops import mfu, peak_tflops
-from rlcore.trainer.lora import adapter_spec, takes_adapters
-from rlcore.trainer.phases import MemoryHistory, Timer, generation_knobs, profiled
-from rlcore.trainer.reference import build_reference
-from rlcore.trainer.rollout import Rollout
+from rlcore.trainer import startup_checks
 from rlcore.trainer.filling import BatchMaker, Filling
-from rlcore.trainer.scheduler import Background, Colocated
-from rlcore.trainer.scoring import RoutedReward, Scorer
+from rlcore.trainer.flops import mfu, peak_tflops
+from rlcore.trainer.metrics import merge_metrics
+from rlcore.trainer.phases import MemoryHistory, Timer, generation_knobs, profiled
+from rlcore.trainer.roles import build_roles
+from rlcore.trainer.scheduler import Background, InTurn
+from rlcore.trainer.step_inputs import StepInputs
+from rlcore.trainer.step_record import StepRecord
 from rlcore.trainer.stopping import Stopped, StopRequest
+from rlcore.trainer.validation import validate
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -62,7 +56,7 @@ def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict
 class RLTrainer:
     def __init__(self, manifest: ResolvedManifest, run_dir: str | Path, resume: bool = False,
                  checkpoint: Path | None = None):
-        """``checkpoint``: restore this checkpoint directory rather than the run's latest (``rlcore eval``)."""
+        """``checkpoint``: restore this checkpoint directory rather than the run's latest."""
         self.manifest = manifest
         self.checkpoint = checkpoint
         self.cfg = manifest.core
@@ -73,114 +67,37 @@ class RLTrainer:
         self.checkpointer = Checkpointer(self.run_dir, keep=t.keep_checkpoints, keep_best=t.keep_best,
                                          best_metric=t.best_metric, best_mode=t.best_mode)
         self.validation: tuple[int, dict[str, float]] | None = None  # the last one's step and metrics
-        self.critic = None
         self.memory_history: MemoryHistory | None = None  # fit's: [trainer] memory_snapshot_*
 
     # ------------------------------------------------------------------ set-up
 
     def setup(self) -> None:
-        cfg = self.cfg
-        self.device = models.resolve_device(cfg.run.device)
-        # fsdp_offload on one rank: FSDP2 over a process group of one, for its CPU offload policy.
-        self.dist = Distributed.from_env(self.device, shard_one=cfg.trainer.fsdp_offload)
-        if self.device == "cuda":
-            self.device = f"cuda:{self.dist.local_rank}"
-        startup_checks.batch_divides(self.manifest, self.dist.world)
-        if cfg.run.threads:
-            torch.set_num_threads(cfg.run.threads)
-        if cfg.run.deterministic:
-            torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.manual_seed(cfg.run.seed)
-
+        """Build the training roles (roles.py), restore the checkpoint into them, and start the scheduler."""
         checkpoint = self.checkpoint or (self.checkpointer.latest() if self.resume else None)
         if self.resume and checkpoint is None:
             logger.warning("--resume: no checkpoint in {}; starting from the beginning", self.run_dir)
-
-        self.precision = precision.resolve(cfg.model, self.device)
-        context = BuildContext.from_manifest(self.manifest, run_dir=str(self.run_dir), device=self.device,
-                                             dtype=self.precision.compute)
-        # The reward role first: its worker processes fork while this process is still small.
-        self.scorer = Scorer(self._reward(context), cfg.reward.timeout_s, cfg.reward.workers, cfg.reward.batch_timeout_s)
-
-        logger.info("loading tokenizer and model from {}", cfg.model.path)
-        logger.info("precision: {}", self.precision.describe())
-        self.model_cfg = models.materialize_gguf(cfg.model)
-        self.tokenizer = models.load_tokenizer(self.model_cfg)
-        self.batching = Batching(self.dist, self.device, cfg.trainer.micro_batch_tokens, cfg.algorithm.mini_batches,
-                                 models.shares_prompts(cfg.model, self.device, self.precision.compute))
-        self.actor = Actor(cfg, self.model_cfg, self.precision, self.dist, self.device, self.batching, checkpoint)
-        startup_checks.context_fits(self.manifest, self.actor.module)
+        roles = self.roles = build_roles(self.manifest, "train", run_dir=self.run_dir, checkpoint=checkpoint)
+        self.dist, self.device, self.tokenizer, self.sampling = roles.dist, roles.device, roles.tokenizer, roles.sampling
+        self.actor, self.critic, self.reference, self.rollout = roles.actor, roles.critic, roles.reference, roles.rollout
+        self.estimator, self.policy_loss, self.objective = roles.estimator, roles.policy_loss, roles.objective
+        self.scorer, self.shapers, self.filters, self.sinks = roles.scorer, list(roles.shapers), list(roles.filters), list(roles.sinks)
+        self.train_set, self.val_set, self.total_steps = roles.train_set, roles.val_set, roles.total_steps
         self._peak_tflops = peak_tflops(torch.cuda.get_device_name(self.device)) if self.device.startswith("cuda") else None
-        self.reference = (
-            build_reference(self.actor.module, self.model_cfg, self.device, self.precision.compute)
-            if cfg.algorithm.kl_coef > 0 else None
-        )
-        context.model_path, context.gguf_file = self.model_cfg.path, self.model_cfg.gguf_file
-        context.tokenizer, context.actor = self.tokenizer, self.actor.module
-        self.estimator = self._build("algorithm.advantage", context)
-        self.policy_loss = self._build("algorithm.policy_loss", context)
-        self.objective = ObjectiveOptions.from_algorithm(cfg.algorithm, self.policy_loss)
-        if self.objective.loss_agg_mode != cfg.algorithm.loss_agg_mode:
-            logger.info("policy loss {!r} aggregates by {} (its definition), not [algorithm] loss_agg_mode = {}",
-                        self.manifest.component("algorithm.policy_loss").component.name,
-                        self.objective.loss_agg_mode, cfg.algorithm.loss_agg_mode)
-        if "critic" in self.manifest.component("algorithm.advantage").component.needs:
-            from rlcore.trainer.critic import Critic
-
-            self.critic = Critic(cfg, self.model_cfg, self.precision, self.dist, self.device, self.batching)
-            startup_checks.critic_vocabulary(self.manifest, self.critic.module, self.tokenizer)
-
-        context.tools = {s.role.split(".", 1)[1]: s.component.build(s.options, context) for s in self.manifest.roles("tools")}
-        # Score shapers and batch filters ([shapers.NAME], [filters.NAME]), in the manifest's order.
-        self.shapers = [s.component.build(s.options, context) for s in self.manifest.roles("shapers")]
-        self.filters = [s.component.build(s.options, context) for s in self.manifest.roles("filters")]
-        d = cfg.data
-        if d.gen_batch_size and d.gen_batch_size != d.prompts_per_step and not any(hasattr(f, "select") for f in self.filters):
-            raise UsageError(
-                f"{self.manifest.path}: [data] gen_batch_size = {d.gen_batch_size} differs from prompts_per_step = "
-                f"{d.prompts_per_step}, and with no batch filter selecting groups ([filters.dynamic_sampling]) every "
-                "generated group would train; set prompts_per_step to the groups a step trains on"
-            )
-        engine = self._engine(context)
-        if self.dist.sharded and not engine.shares_actor and cfg.model.lora is not None:
-            raise UsageError(
-                f"{self.manifest.path}: rollout engine {self.manifest.component('rollout.engine').component.name!r} "
-                "holds its own weights, and with FSDP (several training ranks, or [trainer] fsdp_offload) they are "
-                "gathered from the shards for it, which is not done for LoRA adapters yet; train the LoRA run on one "
-                "rank without fsdp_offload, or use the hf engine sharing the actor"
-            )
-        if cfg.model.lora is not None and not engine.shares_actor and takes_adapters(engine):
-            self.actor.engine_lora = adapter_spec(self.actor.module)
-            logger.info("LoRA: the engine receives the adapters alone at each weight sync (rank {})", cfg.model.lora.rank)
-        self.rollout = Rollout(engine, self._build("agent.loop", context), self.actor)
         selected = self.manifest.component("rollout.engine")
         self._memory_knobs = {"gen": generation_knobs(selected.component.name, selected.component.options)}
-        self._load_data()
-
-        if checkpoint is not None:
-            state = self.checkpointer.read_state(checkpoint)
-            with self._stored_weights():
-                self.checkpointer.restore(
-                    checkpoint, optimizers=self.optimizers, schedulers=self.schedulers, modules=self.modules, dist=self.dist
-                )
-            self.step = int(state["step"])
-            self.cursor.load(state["data"])
-            if int(state.get("world_size", 1)) != self.dist.world:
-                raise RlcoreError(
-                    f"checkpoint {checkpoint} was written by {state.get('world_size', 1)} ranks; resume it with as many"
-                )
-            if bool(state.get("fsdp", int(state.get("world_size", 1)) > 1)) != self.dist.sharded:
-                said = "with" if self.dist.sharded else "without"
-                raise UsageError(
-                    f"{self.manifest.path}: checkpoint {checkpoint} was written {'without' if self.dist.sharded else 'with'} "
-                    f"FSDP and this run trains {said} it ([trainer] fsdp_offload): their optimizer states differ in "
-                    "kind; resume with the fsdp_offload setting it was written with"
-                )
-            logger.info("resumed from {} (step {})", checkpoint, self.step)
-            context.resume_step = self.step
-        self.scheduler = self._scheduler(engine, self._in_flight(checkpoint))
-        context.total_steps = cfg.trainer.steps  # known now, also under total_epochs
-        self.sinks = [s.component.build(s.options, context) for s in self.manifest.roles("loggers")] if self.dist.is_main else []
+        try:
+            self.cursor = self._cursor()
+            if checkpoint is not None:
+                with self._stored_weights():
+                    self.checkpointer.restore(checkpoint, optimizers=self.optimizers, schedulers=self.schedulers,
+                                              modules=self.modules, dist=self.dist)
+                self.step = roles.start_step
+                self.cursor.load(roles.checkpoint_state["data"])
+                logger.info("resumed from {} (step {})", checkpoint, self.step)
+            self.scheduler = self._scheduler(self._in_flight(checkpoint))
+        except BaseException:
+            self.close(raise_errors=False)
+            raise
 
     def _in_flight(self, checkpoint: Path | None) -> list | None:
         """The background batches the checkpoint holds (made by weights it does not hold), when
@@ -204,83 +121,24 @@ class RLTrainer:
             return None
         return saved["batches"]
 
-    def _scheduler(self, engine, in_flight: list | None = None):
+    def _scheduler(self, in_flight: list | None = None):
         """Rollout and training take turns, or rollouts run in the background ([rollout] max_staleness)."""
         staleness = self.cfg.rollout.max_staleness
         filling = Filling(shapers=self.shapers, filters=self.filters, score_chunks=self.cfg.rollout.score_chunks,
                           groups=self.cfg.data.prompts_per_step // self.dist.world)
-        maker = BatchMaker(self.scorer, self.tokenizer, self._step_inputs, filling)
-        common = (self.rollout, maker, self.actor.weights_for_engine, self.step, self.cursor)
+        inputs = StepInputs(self.train_set.prompts, self.cfg.data.gen_batch_size or self.cfg.data.prompts_per_step,
+                            self.sampling, self.dist.shard)
+        maker = BatchMaker(self.scorer, self.tokenizer, inputs, filling)
         if staleness is None:
-            if self.step and not engine.shares_actor:  # an engine holding its own weights still has the initial ones
-                self.rollout.sync(self.actor.weights_for_engine())
-            return Colocated(*common)
-        name = self.manifest.component("rollout.engine").component.name
-        if engine.shares_actor:
-            raise UsageError(
-                f"{self.manifest.path}: [rollout] max_staleness: the {name!r} engine shares the actor's module, so it "
-                "cannot generate while the trainer trains; use an engine that holds its own weights"
-            )
+            if self.step and not self.engine.shares_actor:  # an engine holding its own weights still has the initial ones
+                self.rollout.sync_weights(self.actor.weights_to_sync())
+            return InTurn(self.rollout, maker, self.actor.weights_to_sync, self.cursor)
         logger.info(
             "rollouts in the background, at most {} step(s) behind the trainer; rollout_correction = {}",
             staleness, self.cfg.algorithm.rollout_correction,
         )
-        return Background(*common, max_staleness=staleness, in_flight=in_flight)
-
-    def _step_inputs(self, step: int, cursor: DataCursor | MixedCursor) -> tuple[list[Prompt], SamplingParams]:
-        """Step ``step``'s prompts (this rank's share; ``cursor`` advances past them) and sampling."""
-        indices = cursor.take(self.cfg.data.gen_batch_size or self.cfg.data.prompts_per_step)
-        local = self.dist.shard(list(range(len(indices))))
-        return [self.train_set.prompts[indices[i]] for i in local], self._sampling(train=True, step=step)
-
-    def _engine(self, context: BuildContext):
-        """The manifest's engine, in this process, or in a process of its own ([rollout] placement = "split")."""
-        r = self.cfg.rollout
-        if r.placement == "colocated":
-            return self._build("rollout.engine", context)
-        from rlcore.trainer.engine_process import EngineProcess
-
-        selected = self.manifest.component("rollout.engine")
-        device = self._engine_device()
-        logger.info("rollout engine {!r} in its own process on {} (weights by {}, {} MiB buckets)",
-                    selected.component.name, device, r.weight_transport, r.weight_bucket_mb)
-        child = dataclasses.replace(context, actor=None, tools={}, concurrent=True, device=device)
-        self.engine_process = EngineProcess(selected.component, selected.options, child, self.device,
-                                            r.weight_transport, r.weight_bucket_mb)
-        return self.engine_process
-
-    def _engine_device(self) -> str:
-        """Where this rank's split engine runs: ``engine_device``, one device per local rank when it
-        is a list, else the rank's own device. Each rank drives its own engine (data-parallel
-        rollout), as engines holding their own weights do with several ranks."""
-        wanted = self.cfg.rollout.engine_device
-        if wanted is None:
-            return self.device
-        if isinstance(wanted, str):
-            if self.dist.world > 1 and wanted.startswith("cuda"):
-                raise UsageError(
-                    f"{self.manifest.path}: [rollout] engine_device = {wanted!r} would put every rank's engine on one "
-                    "GPU; give one device per local rank (engine_device = [\"cuda:4\", \"cuda:5\", ...]) or leave "
-                    "it out (each engine on its rank's GPU)"
-                )
-            return wanted
-        if self.dist.local_rank >= len(wanted):
-            raise UsageError(
-                f"{self.manifest.path}: [rollout] engine_device lists {len(wanted)} device(s), and local rank "
-                f"{self.dist.local_rank} needs one; list one per rank on a node"
-            )
-        return wanted[self.dist.local_rank]
-
-    def _reward(self, context: BuildContext):
-        """``[reward] function``, or a router over ``[reward.routes]`` (with it as the default)."""
-        routes = {s.role[len("reward.routes."):]: s.component.build(s.options, context)
-                  for s in self.manifest.roles("reward.routes")}
-        default = self._build("reward.function", context) if self.cfg.reward.function else None
-        return RoutedReward(routes, default) if routes else default
-
-    def _build(self, role: str, context: BuildContext):
-        selected = self.manifest.component(role)
-        return selected.component.build(selected.options, context)
+        return Background(self.rollout, maker, self.actor.weights_to_sync, self.step, self.cursor,
+                          max_staleness=staleness, in_flight=in_flight)
 
     @property
     def engine(self):
@@ -310,35 +168,6 @@ class RLTrainer:
                 stack.enter_context(role.stored_weights())
         return stack
 
-    def _load_data(self) -> None:
-        from rlcore.data import load_prompts
-
-        d = self.cfg.data
-        common = dict(tokenizer=self.tokenizer, max_prompt_tokens=d.max_prompt_tokens, prompt_key=d.prompt_key,
-                      base_dir=self.manifest.base_dir, chat_template_kwargs=d.chat_template_kwargs,
-                      context=BuildContext.from_manifest(self.manifest))
-        try:
-            self.train_set = load_prompts(d.train, role="train", **common)
-            self.val_set = load_prompts(d.val, role="val", limit=d.val_max_prompts, **common) if d.val else None
-            for dataset in filter(None, (self.train_set, self.val_set)):
-                self.scorer.check_data(dataset.prompts, dataset.source)
-        except RlcoreError as exc:  # bad input data: a usage error, like a bad manifest
-            raise UsageError(str(exc)) from None
-        if len(self.train_set.prompts) < d.prompts_per_step:
-            logger.warning(
-                "data.train has {} usable prompts, fewer than data.prompts_per_step = {}: prompts repeat within a step",
-                len(self.train_set.prompts), d.prompts_per_step,
-            )
-        self.cursor = self._cursor()
-        t = self.cfg.trainer
-        if t.steps is None:  # total_epochs: as many steps as that many passes over the usable prompts take
-            # A step draws gen_batch_size prompts at least (a batch filter's further rounds are not
-            # foreseen, as in verl, whose epoch is its gen_batch_size batches).
-            drawn = d.gen_batch_size or d.prompts_per_step
-            t.steps = max(1, math.ceil(t.total_epochs * len(self.train_set.prompts) / drawn))
-            logger.info("total_epochs = {:g}: {} steps of {} prompts over {} usable prompts", t.total_epochs, t.steps,
-                        drawn, len(self.train_set.prompts))
-
     def _cursor(self) -> DataCursor | MixedCursor:
         """Where the training prompts come from: one shuffled order, or per-source orders mixed in
         the proportions of ``[data] source_weights``."""
@@ -348,36 +177,10 @@ class RLTrainer:
         members: dict[str, list[int]] = defaultdict(list)
         for i, prompt in enumerate(self.train_set.prompts):
             members[prompt.data_source].append(i)
-        unweighted = sorted(set(members) - set(d.source_weights))
-        missing = sorted(set(d.source_weights) - set(members))
-        if unweighted or missing:
-            problems = ([f"the sources {unweighted} of data.train have no weight (0 leaves one out)"] if unweighted else [])
-            problems += ([f"{missing} are not data sources of data.train"] if missing else [])
-            raise UsageError(
-                f"{self.manifest.path}: [data] source_weights: " + "; ".join(problems)
-                + f"; the sources of {self.train_set.source}: {sorted(members)}"
-            )
+        startup_checks.source_weights_cover(self.manifest, sorted(members), self.train_set.source)
         counts = shares(d.prompts_per_step, {k: v for k, v in d.source_weights.items() if v > 0})
         logger.info("prompts a step by data source: {}", ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
         return MixedCursor(dict(members), dict(d.source_weights), seed=self.cfg.run.seed, shuffle=d.shuffle)
-
-    def _rank(self) -> int:
-        return self.dist.rank if hasattr(self, "dist") else 0
-
-    def _sampling(self, *, train: bool, step: int = 0) -> SamplingParams:
-        r = self.cfg.rollout
-        eos = _eos_ids(self.tokenizer, self.actor.module) if hasattr(self, "tokenizer") else []
-        return SamplingParams(
-            n=r.samples_per_prompt if train else r.val_samples_per_prompt,
-            temperature=r.temperature if train else r.val_temperature,
-            top_p=r.top_p if train else 1.0,
-            top_k=r.top_k if train else -1,
-            max_new_tokens=self.cfg.data.max_response_tokens,
-            stop_token_ids=eos,
-            stop=list(r.stop),
-            # A seed per step (and rank) keeps a resumed run on the same samples as an uninterrupted one.
-            seed=(self.cfg.run.seed * 1_000_003 + step * 2 + (0 if train else 1) + 7919 * self._rank()) % (2**31),
-        )
 
     # ------------------------------------------------------------------ the loop
 
@@ -398,16 +201,8 @@ class RLTrainer:
         Each is closed even if another fails; a failure found while closing (a rollout thread's
         error, an engine process that had died) is raised after all are closed, or, when
         ``raise_errors`` is off (the run is failing already), logged."""
-        closers = []
-        if hasattr(self, "scheduler"):
-            closers.append(self.scheduler.close)
-        if getattr(self, "engine_process", None) is not None:
-            closers.append(self.engine_process.close)
-        closers += [sink.close for sink in getattr(self, "sinks", [])]
-        if hasattr(self, "scorer"):
-            closers.append(self.scorer.close)
-        if hasattr(self, "dist"):
-            closers.append(self.dist.close)
+        closers = [self.scheduler.close] if hasattr(self, "scheduler") else []
+        closers += self.roles.closers() if hasattr(self, "roles") else []
         errors = []
         for close in closers:
             try:
@@ -422,14 +217,14 @@ class RLTrainer:
             logger.error("while closing the failed run: {}", error)
 
     def _fit(self, stop: StopRequest) -> None:
-        t = self.cfg.trainer
-        if self.step and self.step >= t.steps:
+        t, steps = self.cfg.trainer, self.total_steps
+        if self.step and self.step >= steps:
             logger.info("the run is already complete: its checkpoint is at step {} of trainer.steps = {}, so there is "
                         "nothing to train; to train on, raise the steps (--set trainer.steps={})",
-                        self.step, t.steps, self.step + max(1, t.save_every or 1))
+                        self.step, steps, self.step + max(1, t.save_every or 1))
         if self.step == 0 and t.eval_before_train and self.val_set is not None:
             self._log(self.evaluate(), self.step)
-        while self.step < t.steps:
+        while self.step < steps:
             with self.memory_history.step(self.step + 1), profiled(self.step + 1, t.profile_steps, self.run_dir):
                 metrics = self.train_step()
             self.step += 1
@@ -437,7 +232,7 @@ class RLTrainer:
             signum = stop.agreed(self.dist)
             if signum:  # SIGTERM or SIGUSR1: keep what this step learnt, then stop (stopping.py)
                 raise Stopped(signum, self.save())
-            last = self.step == t.steps
+            last = self.step == steps
             if self.val_set is not None and (last or (t.eval_every and self.step % t.eval_every == 0)):
                 self.validation = (self.step, self.evaluate())
                 self._log(self.validation[1], self.step)
@@ -451,59 +246,94 @@ class RLTrainer:
             sink.log(metrics, step)
 
     def train_step(self) -> dict[str, Any]:
-        algo = self.cfg.algorithm
-        timer = Timer(self.memory_history, knobs=self._memory_knobs)
-        metrics: dict[str, Any] = {}
-        with timer("step"):
-            scored = self.scheduler.next_batch(timer)
-            params, trajectories = scored.params, scored.trajectories
-            metrics.update(scored.metrics)
-            staleness = scored.staleness()
-            metrics["rollout/staleness/mean"] = sum(staleness) / max(len(staleness), 1)
-            metrics["rollout/staleness/max"] = float(max(staleness, default=0))
-            # Group ids unique across ranks, however many groups each kept (dynamic sampling).
-            per_rank = self.cfg.data.prompts_per_step // self.dist.world
-            batch = build_batch(trajectories, scored.scores, params.n, group_offset=self.dist.rank * per_rank)
-            padding = getattr(scored, "padding", [])  # (a batch in flight saved before it had the field: none)
-            if padding:  # groups padding a step short of selected ones: out of the loss and its divisor
-                batch.response_mask[torch.tensor(padding, dtype=torch.bool)] = 0
-            for loss_mask in (f for f in self.filters if hasattr(f, "loss_mask")):
-                keep, mask_metrics = loss_mask.loss_mask(trajectories)
-                batch.response_mask[torch.tensor([not k for k in keep], dtype=torch.bool)] = 0
-                metrics.update(mask_metrics)
-            self.actor.module.train()
-            # With one optimizer step per batch, the update's own forward pass runs on the current
-            # weights, the PPO ratio's "old" policy: its detached log-probs are the old ones, at no
-            # extra cost, and the rollout correction weighs them against the generating weights'
-            # (rollout_logprobs), for a stale batch as for a fresh one. Several optimizer steps per
-            # batch need the old log-probs fixed before the first.
-            recompute_old = algo.ppo_epochs > 1 or algo.mini_batches > 1
-            if recompute_old:
-                with timer("old_log_prob"):
-                    batch.tensors["old_logprobs"] = self.actor.logprobs(batch, params.temperature)
-                metrics.update(mismatch_metrics(mismatch_sums(batch.tensors["old_logprobs"], batch.rollout_logprobs, batch.response_mask)))
-            if self.reference is not None:
-                with timer("ref"), self.reference.policy() as ref:
-                    model = None if ref is self.actor.module else ref
-                    batch.tensors["ref_logprobs"] = self.actor.logprobs(batch, params.temperature, model=model)
-            if self.critic is not None:
-                with timer("values"):
-                    batch.tensors["values"] = self.critic.values(batch)
-            with timer("adv"):
-                self._advantages(batch, metrics)
-            with timer("update_actor"):
-                metrics.update(self.update_actor(batch, params.temperature, has_old=recompute_old))
-            if self.critic is not None:
-                with timer("update_critic"):
-                    metrics.update(self.critic.update(batch))
-            self.scheduler.weights_changed(timer)
-            fault_point("update")
-            self.cursor.load(scored.cursor)
+        """One step: the stages of the pipeline, in order, over one record (step_record.py)."""
+        record = StepRecord(self.step, Timer(self.memory_history, knobs=self._memory_knobs))
+        with record.timer("step"):
+            self.generate(record)  # the scheduler's batch: generated, scored, shaped, filtered
+            self.assemble(record)  # its tensors; padded and loss-masked groups out of the loss
+            self.prepare(record)  # old and reference log-probs, values
+            self.estimate(record)  # advantages and returns
+            self.update(record)  # the actor's (and critic's) optimizer steps
+            self.sync(record)  # the engine's weights; the data position advances
+        return self.report(record)
+
+    # ------------------------------------------------------------------ the stages of a step
+
+    def generate(self, record: StepRecord) -> None:
+        """The scheduler's scored batch for this step: it decides when it was generated (in turn,
+        or ahead in the background); filling.py decides how (rounds, shapers, filters)."""
+        record.scored = self.scheduler.next_batch(record.step, record.timer)
+        record.metrics.update(record.scored.metrics)
+        staleness = record.scored.staleness()
+        record.metrics["rollout/staleness/mean"] = sum(staleness) / max(len(staleness), 1)
+        record.metrics["rollout/staleness/max"] = float(max(staleness, default=0))
+
+    def assemble(self, record: StepRecord) -> None:
+        """The batch's tensors. Groups that only pad a step short of selected ones, and those a
+        filter's ``loss_mask`` leaves out, stay in the batch but out of the loss and its divisor."""
+        scored = record.scored
+        # Group ids unique across ranks, however many groups each kept (dynamic sampling).
+        per_rank = self.cfg.data.prompts_per_step // self.dist.world
+        batch = build_batch(scored.trajectories, scored.scores, scored.params.n, group_offset=self.dist.rank * per_rank)
+        padding = getattr(scored, "padding", [])  # (a batch in flight saved before it had the field: none)
+        if padding:
+            batch.response_mask[torch.tensor(padding, dtype=torch.bool)] = 0
+        for loss_mask in (f for f in self.filters if hasattr(f, "loss_mask")):
+            keep, mask_metrics = loss_mask.loss_mask(scored.trajectories)
+            batch.response_mask[torch.tensor([not k for k in keep], dtype=torch.bool)] = 0
+            record.metrics.update(mask_metrics)
+        record.batch = batch
+
+    def prepare(self, record: StepRecord) -> None:
+        """What the update and the estimator read beside the batch: old log-probs (when several
+        optimizer steps need them fixed before the first), reference log-probs, values."""
+        algo, batch, timer, temperature = self.cfg.algorithm, record.batch, record.timer, record.params.temperature
+        self.actor.module.train()
+        # With one optimizer step per batch, the update's own forward pass runs on the current
+        # weights, the PPO ratio's "old" policy: its detached log-probs are the old ones, at no
+        # extra cost, and the rollout correction weighs them against the generating weights'
+        # (rollout_logprobs), for a stale batch as for a fresh one. Several optimizer steps per
+        # batch need the old log-probs fixed before the first.
+        record.recomputed_old = algo.ppo_epochs > 1 or algo.mini_batches > 1
+        if record.recomputed_old:
+            with timer("old_log_prob"):
+                batch.tensors["old_logprobs"] = self.actor.logprobs(batch, temperature)
+            record.metrics.update(mismatch_metrics(mismatch_sums(batch.tensors["old_logprobs"], batch.rollout_logprobs,
+                                                                 batch.response_mask)))
+        if self.reference is not None:
+            with timer("ref"), self.reference.policy() as ref:
+                model = None if ref is self.actor.module else ref
+                batch.tensors["ref_logprobs"] = self.actor.logprobs(batch, temperature, model=model)
+        if self.critic is not None:
+            with timer("values"):
+                batch.tensors["values"] = self.critic.values(batch)
+
+    def estimate(self, record: StepRecord) -> None:
+        with record.timer("adv"):
+            self._advantages(record.batch, record.metrics)
+
+    def update(self, record: StepRecord) -> None:
+        with record.timer("update_actor"):
+            record.metrics.update(self.update_actor(record.batch, record.params.temperature, has_old=record.recomputed_old))
+        if self.critic is not None:
+            with record.timer("update_critic"):
+                record.metrics.update(self.critic.update(record.batch))
+
+    def sync(self, record: StepRecord) -> None:
+        """The scheduler gets the new weights to the engine; the trainer's data position moves
+        past the prompts it trained (the position its checkpoints keep)."""
+        self.scheduler.sync_weights(record.timer)
+        fault_point("update")
+        self.cursor.load(record.cursor)
+
+    def report(self, record: StepRecord) -> dict[str, Any]:
+        """The step's metrics (every rank's, merged), times and throughput among them."""
+        algo, metrics, timer, batch = self.cfg.algorithm, record.metrics, record.timer, record.batch
         metrics.update(timer.times)
         metrics.update(timer.memory)
         if "timing_s/wait_rollout" in metrics:
             metrics["async/trainer_wait_fraction"] = metrics["timing_s/wait_rollout"] / max(metrics["timing_s/step"], 1e-9)
-        metrics.update(self._batch_metrics(batch, trajectories))
+        metrics.update(self._batch_metrics(batch, record.trajectories))
         tokens = sum(batch.sequence_lengths())
         metrics["perf/total_num_tokens"] = tokens
         # verl's perf/throughput is per GPU: this rank's tokens per second (ranks average it).
@@ -606,46 +436,8 @@ class RLTrainer:
     @progress.during("validating", within_step=False)
     def evaluate(self) -> dict[str, float]:
         assert self.val_set is not None
-        params = self._sampling(train=False, step=self.step)
-        start = time.perf_counter()
-        with self.scheduler.quiet():
-            trajectories = self.rollout.generate(self.dist.shard(self.val_set.prompts), params)
-        scores, _ = self.scorer.score(trajectories, self.tokenizer)
-        self._log_samples(trajectories, scores)
-        results = [
-            (t.prompt.data_source or "default", t.prompt.index, s, len(t.response_ids)) for t, s in zip(trajectories, scores)
-        ]
-        results = [r for part in self.dist.gather(results) for r in part]
-        by_source: dict[str, list[float]] = defaultdict(list)
-        passed: dict[str, dict[int, bool]] = defaultdict(dict)
-        for src, index, s, _ in results:
-            by_source[src].append(s)
-            passed[src][index] = passed[src].get(index, False) or s > 0
-        scores = [r[2] for r in results]
-        metrics: dict[str, float] = {"val/reward/mean": sum(scores) / max(len(scores), 1)}
-        for src, values in by_source.items():
-            metrics[f"val/{src}/reward/mean"] = sum(values) / len(values)
-            metrics[f"val/{src}/pass@1"] = sum(v > 0 for v in values) / len(values)
-            if params.n > 1:
-                metrics[f"val/{src}/pass@{params.n}"] = sum(passed[src].values()) / len(passed[src])
-        metrics["val/response_length/mean"] = sum(r[3] for r in results) / max(len(results), 1)
-        metrics["timing_s/val"] = time.perf_counter() - start
-        return metrics
-
-    def _log_samples(self, trajectories: list[Trajectory], scores: list[float]) -> None:
-        """The first ``[trainer] log_val_generations`` validation samples (this rank's), to the sinks that take them."""
-        count = self.cfg.trainer.log_val_generations
-        takers = [sink for sink in getattr(self, "sinks", []) if hasattr(sink, "log_samples")]
-        if not count or not takers:
-            return
-        decode = self.tokenizer.decode
-        rows = [
-            {"data_source": t.prompt.data_source or "default", "prompt": decode(t.prompt.token_ids, skip_special_tokens=True),
-             "response": decode(t.response_ids, skip_special_tokens=True), "score": float(score)}
-            for t, score in list(zip(trajectories, scores))[:count]
-        ]
-        for sink in takers:
-            sink.log_samples(rows, self.step)
+        return validate(self.roles, self.val_set.prompts, self.step, quiet=self.scheduler.quiet, sinks=self.sinks,
+                        log_generations=self.cfg.trainer.log_val_generations)
 
     @progress.during("saving a checkpoint", within_step=False)
     def save(self) -> Path:
@@ -689,16 +481,3 @@ class RLTrainer:
 
 
 IN_FLIGHT = "inflight"  # the checkpoint's per-rank file of background batches in flight (inflight-rankR.pt)
-
-
-def _eos_ids(tokenizer, model) -> list[int]:
-    ids = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    gen = getattr(model, "generation_config", None)
-    eos = getattr(gen, "eos_token_id", None)
-    if isinstance(eos, int):
-        ids.add(eos)
-    elif isinstance(eos, (list, tuple)):
-        ids.update(int(e) for e in eos)
-    return sorted(ids)

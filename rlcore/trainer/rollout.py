@@ -32,9 +32,10 @@ class Rollout:
         self.engine.wake_up()
         return self.agent.run(prompts, self.engine, params)
 
-    def sync(self, named_tensors: Iterable) -> None:
-        """Give the engine the actor's new weights (a no-op for an engine that shares them); LoRA
-        adapters alone, with their spec, to an engine that loads adapters (``actor.engine_lora``)."""
+    def sync_weights(self, named_tensors: Iterable) -> None:
+        """Give the engine the actor's new weights through its ``update_weights`` (a no-op for an
+        engine that shares them); LoRA adapters alone, with their spec, to an engine that loads
+        adapters (``actor.engine_lora``)."""
         lora = getattr(self.actor, "engine_lora", None)
         if lora is not None:
             self.engine.update_weights(named_tensors, lora=lora)
