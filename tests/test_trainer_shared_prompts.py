@@ -5,7 +5,6 @@ packing every sample whole, while running fewer tokens through the model."""
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
