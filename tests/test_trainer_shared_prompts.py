@@ -5,7 +5,6 @@ packing every sample whole, while running fewer tokens through the model."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
