@@ -176,34 +176,54 @@ def _bins(order: list[int], lengths: dict[int, int], budget: int, count: int, le
     return bins
 
 
+class _Row:
+    """The lists a packed row is built from, and the micro-batch they become."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.pos: list[int] = []
+        self.select: list[int] = []
+        self.targets: list[int] = []
+        self.local_rows: list[int] = []
+        self.cols: list[int] = []
+
+    def append(self, tokens: list[int], first_position: int = 0) -> int:
+        """Append ``tokens`` at positions ``first_position, ...``; return where they start in the row."""
+        start = len(self.ids)
+        self.ids.extend(tokens)
+        self.pos.extend(range(first_position, first_position + len(tokens)))
+        return start
+
+    def predict(self, local: int, response: list[int], at: Sequence[int]) -> None:
+        """Response token t of row ``local`` is predicted from row position ``at[t]``."""
+        for t, (token, where) in enumerate(zip(response, at)):
+            self.select.append(where)
+            self.targets.append(token)
+            self.local_rows.append(local)
+            self.cols.append(t)
+
+    def micro_batch(self, rows: list[int], device, shared: SharedPrompts | None = None) -> MicroBatch:
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+        return MicroBatch(
+            rows=rows,
+            input_ids=as_long(self.ids).unsqueeze(0),
+            position_ids=as_long(self.pos).unsqueeze(0),
+            select=as_long(self.select),
+            targets=as_long(self.targets),
+            local_rows=as_long(self.local_rows),
+            cols=as_long(self.cols),
+            shared=shared,
+        )
+
+
 def _micro(batch: RolloutBatch, rows: list[int], device) -> MicroBatch:
-    ids: list[int] = []
-    pos: list[int] = []
-    select: list[int] = []
-    targets: list[int] = []
-    local_rows: list[int] = []
-    cols: list[int] = []
+    row = _Row()
     for local, r in enumerate(rows):
         prompt, response = batch.prompt_ids[r], batch.response_ids[r]
-        start = len(ids)
-        seq = prompt + response
-        ids.extend(seq)
-        pos.extend(range(len(seq)))
-        for t in range(len(response)):
-            select.append(start + len(prompt) + t - 1)
-            targets.append(response[t])
-            local_rows.append(local)
-            cols.append(t)
-    as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
-    return MicroBatch(
-        rows=rows,
-        input_ids=as_long(ids).unsqueeze(0),
-        position_ids=as_long(pos).unsqueeze(0),
-        select=as_long(select),
-        targets=as_long(targets),
-        local_rows=as_long(local_rows),
-        cols=as_long(cols),
-    )
+        start = row.append(prompt + response)
+        first = start + len(prompt) - 1  # the prompt's last token predicts the first response token
+        row.predict(local, response, range(first, first + len(response)))
+    return row.micro_batch(rows, device)
 
 
 def _shared_micro(batch: RolloutBatch, units: list[list[int]], device) -> MicroBatch:
@@ -211,23 +231,16 @@ def _shared_micro(batch: RolloutBatch, units: list[list[int]], device) -> MicroB
 
     A response's first token is predicted from the prompt's last position, which every response
     of the unit shares; its positions continue the prompt's (len(prompt), len(prompt) + 1, ...)."""
-    ids: list[int] = []
-    pos: list[int] = []
+    row = _Row()
     rows: list[int] = []
-    select: list[int] = []
-    targets: list[int] = []
-    local_rows: list[int] = []
-    cols: list[int] = []
     q_bounds = [0]
     k_bounds = [0]
     kv_index: list[int] = []
     for members in units:
         prompt = batch.prompt_ids[members[0]]
-        start, plen = len(ids), len(prompt)
-        ids.extend(prompt)
-        pos.extend(range(plen))
-        prompt_keys = range(start, start + plen)
-        q_bounds.append(len(ids))
+        start = row.append(prompt)
+        prompt_keys = range(start, start + len(prompt))
+        q_bounds.append(len(row.ids))
         kv_index.extend(prompt_keys)
         k_bounds.append(len(kv_index))
         for r in members:
@@ -236,31 +249,16 @@ def _shared_micro(batch: RolloutBatch, units: list[list[int]], device) -> MicroB
             response = batch.response_ids[r]
             if not response:
                 continue
-            first = len(ids)
-            ids.extend(response)
-            pos.extend(range(plen, plen + len(response)))
-            q_bounds.append(len(ids))
+            first = row.append(response, first_position=len(prompt))
+            q_bounds.append(len(row.ids))
             kv_index.extend(prompt_keys)
             kv_index.extend(range(first, first + len(response)))
             k_bounds.append(len(kv_index))
-            for t, token in enumerate(response):
-                select.append(start + plen - 1 if t == 0 else first + t - 1)
-                targets.append(token)
-                local_rows.append(local)
-                cols.append(t)
-    as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+            row.predict(local, response, [prompt_keys[-1], *range(first, first + len(response) - 1)])
     as_int = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)  # noqa: E731
     q_sizes = [b - a for a, b in zip(q_bounds, q_bounds[1:])]
     k_sizes = [b - a for a, b in zip(k_bounds, k_bounds[1:])]
-    shared = SharedPrompts(cu_q=as_int(q_bounds), cu_k=as_int(k_bounds), kv_index=as_long(kv_index),
+    shared = SharedPrompts(cu_q=as_int(q_bounds), cu_k=as_int(k_bounds),
+                           kv_index=torch.tensor(kv_index, dtype=torch.long, device=device),
                            q_bounds=q_bounds, k_bounds=k_bounds, max_q=max(q_sizes), max_k=max(k_sizes))
-    return MicroBatch(
-        rows=rows,
-        input_ids=as_long(ids).unsqueeze(0),
-        position_ids=as_long(pos).unsqueeze(0),
-        select=as_long(select),
-        targets=as_long(targets),
-        local_rows=as_long(local_rows),
-        cols=as_long(cols),
-        shared=shared,
-    )
+    return row.micro_batch(rows, device, shared)
