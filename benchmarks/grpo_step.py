@@ -445,7 +445,7 @@ def measure_training(args, trainer) -> dict:
     batch = build_batch(trajectories, scores, S)
     trainer._advantages(batch, {})
     tokens = sum(batch.sequence_lengths())
-    packed = sum(m.num_tokens for m in trainer.batching.micro_batches(batch) if m is not None)
+    packed = sum(m.num_tokens for m in trainer.actor.batching.micro_batches(batch) if m is not None)
     times, peaks = [], []
     for i in range(args.train_iters + 1):  # the first call warms up
         _reset_peak(args.device)

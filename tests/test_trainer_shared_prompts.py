@@ -150,31 +150,39 @@ def test_flash_kernel_aligns_a_response_with_the_end_of_its_keys():
             assert (shared[r][0] - plain[r][0]).abs().mean() < 0.01, r
 
 
+RUNS = {
+    # a critic (which packs samples whole) and a KL reference (a frozen copy, which shares like the actor)
+    "gae-critic-kl": ({"algorithm": {"advantage": "gae", "kl_coef": 0.01, "kl_estimator": "k3"}},
+                      ("actor/kl_loss", "critic/vf_loss", "critic/values/mean")),
+    # LoRA adapters (the reference is the base with adapters off) under gradient checkpointing
+    "lora-checkpointed-kl": ({"model": {"lora": {"rank": 4, "alpha": 8}, "gradient_checkpointing": True},
+                              "algorithm": {"advantage": "grpo", "kl_coef": 0.01, "kl_estimator": "k3"}},
+                             ("actor/kl_loss",)),
+}
+
+
 @pytest.mark.slow
-def test_a_run_sharing_prompts_makes_the_same_first_update(tmp_path, tiny_model):
-    """Through `rlcore run`, with a critic (which packs samples whole) and a KL reference (which
-    shares like the actor): the same rollouts, and up to float rounding the same first update."""
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_a_run_sharing_prompts_makes_the_same_first_update(tmp_path, tiny_model, name):
+    """Through `rlcore run`: the same rollouts, and up to float rounding the same first update."""
     import math
 
     from rlcore.cli import main
     from rlcore.testing.runs import train_rows, write_run_manifest
 
+    tables, extra_keys = RUNS[name]
     rows = {}
     for setting in (False, True):
         (tmp_path / str(setting)).mkdir()
-        manifest = write_run_manifest(
-            tmp_path / str(setting), tiny_model,
-            model={"share_prompts": setting, "attn_implementation": NAME},
-            rollout={"samples_per_prompt": 4},
-            algorithm={"advantage": "gae", "kl_coef": 0.01, "kl_estimator": "k3"},
-            trainer={"steps": 1},
-        )
+        model = {**tables.get("model", {}), "share_prompts": setting, "attn_implementation": NAME}
+        manifest = write_run_manifest(tmp_path / str(setting), tiny_model, model=model,
+                                      rollout={"samples_per_prompt": 4}, algorithm=tables["algorithm"],
+                                      trainer={"steps": 1})
         assert main(["run", str(manifest), "--run-dir", str(tmp_path / str(setting) / "run")]) == 0
         rows[setting] = train_rows(tmp_path / str(setting) / "run")[0]
     assert rows[True]["response_length/mean"] == rows[False]["response_length/mean"]
     assert rows[True]["critic/score/mean"] == rows[False]["critic/score/mean"]
-    for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/kl_loss", "critic/vf_loss",
-                "critic/values/mean"):
+    for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", *extra_keys):
         assert math.isclose(rows[True][key], rows[False][key], rel_tol=1e-4, abs_tol=1e-6), (key, rows[True][key],
                                                                                            rows[False][key])
 
