@@ -162,7 +162,7 @@ if part in ("both", "train"):
     m.train()
     g = torch.Generator().manual_seed(0); V = m.config.vocab_size
     trajs = []
-    for p in range(64):
+    for _p in range(64):
         pr = Prompt(token_ids=torch.randint(0, V, (128,), generator=g).tolist(), messages=[])
         for _ in range(4):
             trajs.append(Trajectory(prompt=pr, response_ids=torch.randint(0, V, (256,), generator=g).tolist(), response_mask=[1]*256, rollout_logprobs=[-11.0]*256))
