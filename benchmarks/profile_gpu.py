@@ -21,6 +21,7 @@ The figures in docs/performance.md (issues 7 and 24, "where the time went") come
 import argparse, sys, time, re, torch
 sys.path.insert(0, "benchmarks")
 from torch.profiler import profile, ProfilerActivity
+from grpo_step import random_model
 
 BANDWIDTH, MATMUL_FLOPS = 4.3e12, 790e12  # measured on the H200 (../shared/gpu/README.md)
 def cat(name):
@@ -56,7 +57,6 @@ if args.noeager:
     sys.argv.append("noeager")
 batches = [int(b) for b in args.batches.split(",")]
 capacities = [int(c) for c in args.capacities.split(",")]
-from grpo_step import random_model
 
 
 def graph_ms(fn, iters=30):
@@ -133,10 +133,10 @@ if part in ("both", "gemm"):
     import torch.nn.functional as F
     from grpo_step import SHAPES
     shape = SHAPES[args.shape]
-    H, I, heads, kvh = shape["hidden_size"], shape["intermediate_size"], shape["num_attention_heads"], shape["num_key_value_heads"]
+    H, inter, heads, kvh = shape["hidden_size"], shape["intermediate_size"], shape["num_attention_heads"], shape["num_key_value_heads"]
     D = H // heads
-    mats = {"q": (heads * D, H), "k": (kvh * D, H), "v": (kvh * D, H), "o": (H, heads * D), "gate": (I, H), "up": (I, H),
-            "down": (H, I), "qkv fused": ((heads + 2 * kvh) * D, H), "gate+up fused": (2 * I, H), "lm_head": (shape["vocab_size"], H)}
+    mats = {"q": (heads * D, H), "k": (kvh * D, H), "v": (kvh * D, H), "o": (H, heads * D), "gate": (inter, H), "up": (inter, H),
+            "down": (H, inter), "qkv fused": ((heads + 2 * kvh) * D, H), "gate+up fused": (2 * inter, H), "lm_head": (shape["vocab_size"], H)}
     print(f"\n{'matrix':14} {'N x K':>14} {'batch':>5} {'us':>8} {'TFLOP/s':>8} {'weights GB/s':>13}")
     from triton.testing import do_bench
     for name, (n, k) in mats.items():
