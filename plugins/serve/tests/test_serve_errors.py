@@ -165,7 +165,7 @@ def test_client_errors_are_400s_and_the_connection_stays_open(served, client, pa
 @pytest.mark.parametrize("field", ["temperature", "top_p"])
 def test_non_finite_floats_are_refused(client, field, value):
     """Python's JSON parser (FastAPI's) reads NaN and Infinity; they must not reach the engine."""
-    body = '{"prompt": [5, 6], "max_tokens": 2, "%s": %s}' % (field, value)
+    body = f'{{"prompt": [5, 6], "max_tokens": 2, "{field}": {value}}}'
     bad = client.post(COMPLETIONS, content=body, headers={"content-type": "application/json"})
     _assert_error(bad, 400, "finite", param=field)
 
