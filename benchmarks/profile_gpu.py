@@ -18,7 +18,7 @@ train:  the actor update at the Qwen2.5-0.5B shape (256 sequences x 384 tokens, 
 
 The figures in docs/performance.md (issues 7 and 24, "where the time went") come from this script.
 """
-import argparse, sys, time, re, torch
+import argparse, functools, sys, time, re, torch
 sys.path.insert(0, "benchmarks")
 from torch.profiler import profile, ProfilerActivity
 from grpo_step import random_model
@@ -95,7 +95,7 @@ if part in ("both", "decode"):
                     t.normal_()
                 tok = torch.randint(0, 1000, (B,), device="cuda"); pos = torch.full((B,), cap - 128, device="cuda")
                 u = torch.rand(B, device="cuda")
-                full = lambda: sample(d.decode(cache, tok, pos), 1.0, 0, 1.0, u)  # noqa: E731
+                full = lambda d=d, cache=cache, tok=tok, pos=pos, u=u: sample(d.decode(cache, tok, pos), 1.0, 0, 1.0, u)  # noqa: E731
                 with torch.inference_mode():
                     for _ in range(3): full()
                     torch.cuda.synchronize()
@@ -105,7 +105,7 @@ if part in ("both", "decode"):
                             torch.cuda.synchronize()
                         summary(prof, f"{args.shape} decode step ({kernel} attention, compiled layers) + sampling, batch {B}, cap {cap}", per=5, n=30)
                     with_sample = graph_ms(full)
-                    alone = graph_ms(lambda: d.decode(cache, tok, pos))
+                    alone = graph_ms(functools.partial(d.decode, cache, tok, pos))
                 read = (weight_bytes + B * (cap - 127) * kv_per_token) / BANDWIDTH * 1e3
                 flops = 2 * matrix_params * B / MATMUL_FLOPS * 1e3
                 rows.append((kernel, B, cap, with_sample, alone, read, flops))
@@ -144,7 +144,7 @@ if part in ("both", "gemm"):
         for B in batches:
             x = torch.randn(B, k, device="cuda", dtype=torch.bfloat16)
             state = {"i": 0}
-            def go():
+            def go(x=x, ws=ws, state=state):
                 state["i"] = (state["i"] + 1) % 4
                 return F.linear(x, ws[state["i"]])
             us = do_bench(go, warmup=25, rep=100, return_mode="median") * 1e3

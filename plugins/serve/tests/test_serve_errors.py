@@ -297,7 +297,7 @@ def test_concurrent_requests_share_one_engine_call(served, client):
         ]
         for count, t in enumerate(waiting, 1):  # one after the other: the queue's order is known
             t.start()
-            _wait_until(lambda: batcher.waiting() == count)
+            _wait_until(lambda count=count: batcher.waiting() == count)
     finally:
         engine.gate.set()
     for t in [first, *waiting]:
@@ -329,7 +329,7 @@ def test_a_failing_shared_call_fails_only_the_bad_request(served):
         ]
         for count, t in enumerate(threads[1:], 1):
             t.start()
-            _wait_until(lambda: batcher.waiting() == count)
+            _wait_until(lambda count=count: batcher.waiting() == count)
     finally:
         engine.gate.set()
     for t in threads:
