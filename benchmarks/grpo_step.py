@@ -436,7 +436,7 @@ def measure_training(args, trainer) -> dict:
     vocab = trainer.actor.module.config.vocab_size
     g = torch.Generator().manual_seed(0)
     trajectories = []
-    for p in range(P):
+    for _p in range(P):
         prompt = Prompt(token_ids=torch.randint(0, vocab, (T,), generator=g).tolist(), messages=[])
         for _ in range(S):
             trajectories.append(Trajectory(prompt=prompt, response_ids=torch.randint(0, vocab, (R,), generator=g).tolist(),

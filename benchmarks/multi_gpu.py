@@ -108,7 +108,7 @@ def run(manifest_path: Path, run_dir: Path, ranks: int) -> float:
 
 
 def rows(run_dir: Path) -> list[dict]:
-    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if "critic/score/mean" in l]
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "critic/score/mean" in line]
 
 
 def main() -> None:

@@ -18,9 +18,10 @@ train:  the actor update at the Qwen2.5-0.5B shape (256 sequences x 384 tokens, 
 
 The figures in docs/performance.md (issues 7 and 24, "where the time went") come from this script.
 """
-import argparse, sys, time, re, torch
+import argparse, functools, sys, time, re, torch
 sys.path.insert(0, "benchmarks")
 from torch.profiler import profile, ProfilerActivity
+from grpo_step import random_model
 
 BANDWIDTH, MATMUL_FLOPS = 4.3e12, 790e12  # measured on the H200 (../shared/gpu/README.md)
 def cat(name):
@@ -56,7 +57,6 @@ if args.noeager:
     sys.argv.append("noeager")
 batches = [int(b) for b in args.batches.split(",")]
 capacities = [int(c) for c in args.capacities.split(",")]
-from grpo_step import random_model
 
 
 def graph_ms(fn, iters=30):
@@ -95,7 +95,7 @@ if part in ("both", "decode"):
                     t.normal_()
                 tok = torch.randint(0, 1000, (B,), device="cuda"); pos = torch.full((B,), cap - 128, device="cuda")
                 u = torch.rand(B, device="cuda")
-                full = lambda: sample(d.decode(cache, tok, pos), 1.0, 0, 1.0, u)  # noqa: E731
+                full = lambda d=d, cache=cache, tok=tok, pos=pos, u=u: sample(d.decode(cache, tok, pos), 1.0, 0, 1.0, u)  # noqa: E731
                 with torch.inference_mode():
                     for _ in range(3): full()
                     torch.cuda.synchronize()
@@ -105,7 +105,7 @@ if part in ("both", "decode"):
                             torch.cuda.synchronize()
                         summary(prof, f"{args.shape} decode step ({kernel} attention, compiled layers) + sampling, batch {B}, cap {cap}", per=5, n=30)
                     with_sample = graph_ms(full)
-                    alone = graph_ms(lambda: d.decode(cache, tok, pos))
+                    alone = graph_ms(functools.partial(d.decode, cache, tok, pos))
                 read = (weight_bytes + B * (cap - 127) * kv_per_token) / BANDWIDTH * 1e3
                 flops = 2 * matrix_params * B / MATMUL_FLOPS * 1e3
                 rows.append((kernel, B, cap, with_sample, alone, read, flops))
@@ -133,10 +133,10 @@ if part in ("both", "gemm"):
     import torch.nn.functional as F
     from grpo_step import SHAPES
     shape = SHAPES[args.shape]
-    H, I, heads, kvh = shape["hidden_size"], shape["intermediate_size"], shape["num_attention_heads"], shape["num_key_value_heads"]
+    H, inter, heads, kvh = shape["hidden_size"], shape["intermediate_size"], shape["num_attention_heads"], shape["num_key_value_heads"]
     D = H // heads
-    mats = {"q": (heads * D, H), "k": (kvh * D, H), "v": (kvh * D, H), "o": (H, heads * D), "gate": (I, H), "up": (I, H),
-            "down": (H, I), "qkv fused": ((heads + 2 * kvh) * D, H), "gate+up fused": (2 * I, H), "lm_head": (shape["vocab_size"], H)}
+    mats = {"q": (heads * D, H), "k": (kvh * D, H), "v": (kvh * D, H), "o": (H, heads * D), "gate": (inter, H), "up": (inter, H),
+            "down": (H, inter), "qkv fused": ((heads + 2 * kvh) * D, H), "gate+up fused": (2 * inter, H), "lm_head": (shape["vocab_size"], H)}
     print(f"\n{'matrix':14} {'N x K':>14} {'batch':>5} {'us':>8} {'TFLOP/s':>8} {'weights GB/s':>13}")
     from triton.testing import do_bench
     for name, (n, k) in mats.items():
@@ -144,7 +144,7 @@ if part in ("both", "gemm"):
         for B in batches:
             x = torch.randn(B, k, device="cuda", dtype=torch.bfloat16)
             state = {"i": 0}
-            def go():
+            def go(x=x, ws=ws, state=state):
                 state["i"] = (state["i"] + 1) % 4
                 return F.linear(x, ws[state["i"]])
             us = do_bench(go, warmup=25, rep=100, return_mode="median") * 1e3
@@ -162,7 +162,7 @@ if part in ("both", "train"):
     m.train()
     g = torch.Generator().manual_seed(0); V = m.config.vocab_size
     trajs = []
-    for p in range(64):
+    for _p in range(64):
         pr = Prompt(token_ids=torch.randint(0, V, (128,), generator=g).tolist(), messages=[])
         for _ in range(4):
             trajs.append(Trajectory(prompt=pr, response_ids=torch.randint(0, V, (256,), generator=g).tolist(), response_mask=[1]*256, rollout_logprobs=[-11.0]*256))

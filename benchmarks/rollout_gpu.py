@@ -26,6 +26,7 @@ over the whole cache, as before issue 24), ``graphs``, ``eager``, ``plain``.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import random
@@ -102,14 +103,15 @@ def build_model(shape: str, device: str):
     return model
 
 
-def timed(fn, device: str) -> float:
+def timed(fn, device: str) -> tuple[float, object]:
+    """(seconds ``fn()`` took, what it returned)."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     start = time.perf_counter()
-    fn()
+    value = fn()
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, value
 
 
 def run_rlcore(model, works: dict, device: str, options: dict) -> dict:
@@ -121,11 +123,10 @@ def run_rlcore(model, works: dict, device: str, options: dict) -> dict:
     out = {}
     for name, work in works.items():
         params = SamplingParams(n=work["n"], temperature=1.0, max_new_tokens=max(work["caps"]), seed=1)
-        call = lambda: engine.generate(work["prompts"], params, max_new_tokens=work["caps"])  # noqa: E731
-        warm = timed(call, device)
-        result = []
-        seconds = timed(lambda: result.append(call()), device)
-        got = sum(len(c.token_ids) for group in result[0] for c in group)
+        call = functools.partial(engine.generate, work["prompts"], params, max_new_tokens=work["caps"])
+        warm, _ = timed(call, device)
+        seconds, groups = timed(call, device)
+        got = sum(len(c.token_ids) for group in groups for c in group)
         assert got == generated(work), (got, generated(work))
         out[name] = dict(seconds=seconds, warmup_seconds=warm, tokens=got, tokens_per_s=got / seconds)
     engine.sleep()
@@ -142,7 +143,7 @@ def run_transformers(model, work: dict, device: str) -> dict:
 
     with torch.inference_mode():
         model.generate(prompts[:8], attention_mask=torch.ones_like(prompts[:8]), do_sample=True, max_new_tokens=8, pad_token_id=0)
-        seconds = timed(call, device)
+        seconds, _ = timed(call, device)
     tokens = len(work["prompts"]) * new
     return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds)
 
@@ -161,9 +162,8 @@ def run_vllm(config, works: dict) -> dict:
         params = [SamplingParams(n=work["n"], temperature=1.0, max_tokens=c, min_tokens=c, ignore_eos=True,
                                  detokenize=False, logprobs=0) for c in work["caps"]]
         llm.generate(requests, params, use_tqdm=False)  # warm-up
-        result = []
-        seconds = timed(lambda: result.append(llm.generate(requests, params, use_tqdm=False)), "cuda")
-        got = sum(len(c.token_ids) for r in result[0] for c in r.outputs)
+        seconds, outputs = timed(functools.partial(llm.generate, requests, params, use_tqdm=False), "cuda")
+        got = sum(len(c.token_ids) for r in outputs for c in r.outputs)
         assert got == generated(work), (got, generated(work))
         out[name] = dict(seconds=seconds, tokens=got, tokens_per_s=got / seconds)
     return out  # the engine goes with this frame; vLLM runs last

@@ -118,7 +118,7 @@ def verify_checkpoint(path: Path) -> str | None:
         expected = {str(rel): (int(d["size"]), str(d["sha256"])) for rel, d in files.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return f"{listing} is unreadable ({type(exc).__name__}: {exc})"
-    for rel, (size, sha256) in expected.items():
+    for rel, (size, _sha256) in expected.items():
         file = path / rel
         try:
             actual = file.stat().st_size
@@ -126,7 +126,7 @@ def verify_checkpoint(path: Path) -> str | None:
             return f"{file} is missing"
         if actual != size:
             return f"{file} has {actual} bytes, {size} when saved (truncated or overwritten)"
-    for rel, (size, sha256) in expected.items():
+    for rel, (_size, sha256) in expected.items():
         file = path / rel
         try:
             digest = file_digest(file)["sha256"]

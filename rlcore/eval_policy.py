@@ -81,7 +81,7 @@ class TrainerPolicy:
             attention[r, : len(ids)] = 1
         logits = module(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits.float()
         results = []
-        for r, ((context, continuation), (ids, n)) in enumerate(zip(batch, rows)):
+        for r, ((_context, continuation), (ids, n)) in enumerate(zip(batch, rows)):
             end = len(ids)
             logp = torch.log_softmax(logits[r, end - n:end], dim=-1)
             target = torch.tensor(list(continuation)[-n:], device=logp.device)

@@ -69,7 +69,7 @@ def test_help_lists_data_and_eval_without_importing_their_modules():
     code = (
         "import sys, json; from rlcore.cli import main; rc = main(['--no-plugins', '--help']); "
         "print(json.dumps({'rc': rc, 'loaded': [m for m in ('rlcore.data.cli', 'rlcore.evaluation') if m in sys.modules],"
-        " 'heavy': [m for m in %r if m in sys.modules]}))" % (HEAVY,)
+        f" 'heavy': [m for m in {HEAVY!r} if m in sys.modules]}}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     lines = out.stdout.strip().splitlines()
@@ -234,7 +234,7 @@ def test_plugins_verbose_table_names_the_code():
 def test_plugins_verbose_does_not_import_heavy_modules():
     code = (
         "import sys, json; from rlcore.cli import main; rc = main(['plugins', '--verbose', '--json']); "
-        "print(json.dumps({'rc': rc, 'heavy': [m for m in %r if m in sys.modules]}))" % (HEAVY,)
+        f"print(json.dumps({{'rc': rc, 'heavy': [m for m in {HEAVY!r} if m in sys.modules]}}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"rc": 0, "heavy": []}

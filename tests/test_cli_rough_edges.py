@@ -165,8 +165,8 @@ def test_validate_checks_a_python_reward_function(tmp_path, target, phrase):
     manifest.write_text(text)
     line = next(i for i, row in enumerate(text.splitlines(), start=1) if target in row)
     code = (
-        "import sys, json; from rlcore.cli import main; rc = main(['validate', %r]); "
-        "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules}))" % str(manifest)
+        f"import sys, json; from rlcore.cli import main; rc = main(['validate', {str(manifest)!r}]); "
+        "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules}))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -291,10 +291,10 @@ def test_plot_compares_runs_without_importing_torch(tmp_path):
     _write_metrics(tmp_path / "runs" / "a", steps=6, slope=0.1, cut_line=True)
     _write_metrics(tmp_path / "runs" / "b", steps=4, slope=0.2)
     out = tmp_path / "compare.png"
+    run_a, metrics_b = str(tmp_path / "runs" / "a"), str(tmp_path / "runs" / "b" / "metrics.jsonl")
     code = (
-        "import sys, json; from rlcore.cli import main; rc = main(['plot', %r, %r, '--out', %r]); "
+        f"import sys, json; from rlcore.cli import main; rc = main(['plot', {run_a!r}, {metrics_b!r}, '--out', {str(out)!r}]); "
         "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules}))"
-        % (str(tmp_path / "runs" / "a"), str(tmp_path / "runs" / "b" / "metrics.jsonl"), str(out))
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"rc": 0, "torch": False}, proc.stdout + proc.stderr

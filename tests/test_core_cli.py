@@ -21,8 +21,8 @@ STARTER_OVERRIDES = ["--set", "model.path=org/model", "--set", "model.gguf_file=
 
 def _probe(*argv: str) -> list[str]:
     code = (
-        "import sys, json; from rlcore.cli import main; rc = main(%r); "
-        "print(json.dumps({'rc': rc, 'heavy': [m for m in %r if m in sys.modules]}))" % (list(argv), HEAVY)
+        f"import sys, json; from rlcore.cli import main; rc = main({list(argv)!r}); "
+        f"print(json.dumps({{'rc': rc, 'heavy': [m for m in {HEAVY!r} if m in sys.modules]}}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -118,7 +118,7 @@ def test_stale_batches_train_against_current_and_generating_log_probs(tmp_path, 
             scored_versions = []
             original = trainer.scheduler.next_batch
 
-            def recording(step, timer, original=original):
+            def recording(step, timer, original=original, scored_versions=scored_versions):
                 scored = original(step, timer)
                 scored_versions.append({t.policy_version for t in scored.trajectories})
                 return scored

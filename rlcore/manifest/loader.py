@@ -339,7 +339,7 @@ def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry
     extras: dict[str, dict[str, Any]] = {}
 
     # Phase 1: the core tables, with each component table's extra keys set aside.
-    for table, selectors in COMPONENT_TABLES.items():
+    for table in COMPONENT_TABLES:
         value = core_doc.get(table)
         if isinstance(value, dict):
             model = Manifest.model_fields[table].annotation
@@ -611,7 +611,7 @@ def _validate_table_options(
         core_fields = sorted(Manifest.model_fields[table].annotation.model_fields)  # type: ignore[union-attr]
         descriptions = [f"[{table}] takes " + ", ".join(core_fields)]
         all_fields: list[str] = list(core_fields)
-        for f, kind, c in chosen:
+        for _f, kind, c in chosen:
             fields = sorted(c.options.model_fields)
             all_fields += fields
             descriptions.append(
@@ -631,7 +631,7 @@ def _validate_table_options(
             if hint:
                 message = f"unknown key; did you mean {hint!r}? " + message.removeprefix("unknown key: ")
         col.add(f"{table}.{key}", message)
-    for f, kind, c in chosen:
+    for f, _kind, c in chosen:
         _validate_options(col, c, per_component[f], table, selected, role=f"{table}.{f}", forbid_extra=False)
 
 

@@ -156,8 +156,8 @@ def test_class_tool_and_tool_config_file_run_in_the_tool_loop(tmp_path):
 
 
 def run_validate(manifest):
-    code = ("import sys, json; from rlcore.cli import main; rc = main(['validate', %r]); "
-            "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules}))" % str(manifest))
+    code = (f"import sys, json; from rlcore.cli import main; rc = main(['validate', {str(manifest)!r}]); "
+            "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules}))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     return result, " ".join(proc.stdout.split()), proc.stdout + proc.stderr

@@ -202,7 +202,7 @@ def test_group_misuse_is_explained(counters):
     with pytest.raises(ValueError, match=r"either workers=N or workers_per_node"):
         ResourcePool()
     with pytest.raises(RuntimeError, match=r"Counter was not started by a WorkerGroup"):
-        Counter().rank
+        _ = Counter().rank
 
 
 def test_group_without_ray_says_to_connect():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -233,7 +234,7 @@ def test_ray_ctrl_c_stops_the_ranks(ray_cluster, launch_request, tmp_path, capsy
     assert time.monotonic() - started < 60
     assert "interrupted: the ranks were stopped. No checkpoint was written" in capsys.readouterr().out
     for worker in json.loads((run_dir / "launch" / WORKERS_FILE).read_text()):
-        wait_for(lambda: process_gone(worker["pid"]), 15, f"rank {worker['rank']} (pid {worker['pid']}) to end")
+        wait_for(functools.partial(process_gone, worker["pid"]), 15, f"rank {worker['rank']} (pid {worker['pid']}) to end")
 
 
 @pytest.mark.slow

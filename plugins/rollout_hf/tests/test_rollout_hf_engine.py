@@ -199,7 +199,7 @@ def test_bad_input_gets_clear_errors(tiny, chat_prompts, vocab_size):
     engine = engine_for(tiny)
     with pytest.raises(UsageError, match="prompt 1 is empty"):
         engine.generate([[1, 2], []], SamplingParams())
-    with pytest.raises(UsageError, match=r"outside the model's vocabulary \[0, %d\)" % vocab_size):
+    with pytest.raises(UsageError, match=rf"outside the model's vocabulary \[0, {vocab_size}\)"):
         engine.generate([[1, vocab_size + 3]], SamplingParams())
     with pytest.raises(UsageError, match="prompt 0 has 256 tokens; the model has only 256 positions"):
         engine.generate([[1] * 256], SamplingParams(max_new_tokens=1))

@@ -165,7 +165,7 @@ def test_client_errors_are_400s_and_the_connection_stays_open(served, client, pa
 @pytest.mark.parametrize("field", ["temperature", "top_p"])
 def test_non_finite_floats_are_refused(client, field, value):
     """Python's JSON parser (FastAPI's) reads NaN and Infinity; they must not reach the engine."""
-    body = '{"prompt": [5, 6], "max_tokens": 2, "%s": %s}' % (field, value)
+    body = f'{{"prompt": [5, 6], "max_tokens": 2, "{field}": {value}}}'
     bad = client.post(COMPLETIONS, content=body, headers={"content-type": "application/json"})
     _assert_error(bad, 400, "finite", param=field)
 
@@ -297,7 +297,7 @@ def test_concurrent_requests_share_one_engine_call(served, client):
         ]
         for count, t in enumerate(waiting, 1):  # one after the other: the queue's order is known
             t.start()
-            _wait_until(lambda: batcher.waiting() == count)
+            _wait_until(lambda count=count: batcher.waiting() == count)
     finally:
         engine.gate.set()
     for t in [first, *waiting]:
@@ -329,7 +329,7 @@ def test_a_failing_shared_call_fails_only_the_bad_request(served):
         ]
         for count, t in enumerate(threads[1:], 1):
             t.start()
-            _wait_until(lambda: batcher.waiting() == count)
+            _wait_until(lambda count=count: batcher.waiting() == count)
     finally:
         engine.gate.set()
     for t in threads:

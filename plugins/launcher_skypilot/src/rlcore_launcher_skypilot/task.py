@@ -100,7 +100,8 @@ def _rewrite(value: str, pairs: list[tuple[str, str]]) -> tuple[str, bool]:
         # The local directory as a whole path component: at the start or after "NAME:" (python:...),
         # followed by "/", ":" (FILE.py:function) or the end.
         pattern = re.compile(r"(^|(?<=:))" + re.escape(local) + r"(?=/|:|$)")
-        rewritten, count = pattern.subn(lambda _m: node, value)
+        # A function, not a string, as the replacement: the node's path is taken literally (no \-escapes).
+        rewritten, count = pattern.subn(lambda _m, node=node: node, value)
         if count:
             return rewritten, True
     return value, False

@@ -365,7 +365,7 @@ class HFRolloutEngine:
         live = list(range(batch))  # batch position -> sequence
         done = [False] * batch
         remaining = batch
-        for step in range(max(limits)):
+        for _step in range(max(limits)):
             chosen, chosen_logp = sample_next(logits, params.temperature, params.top_k, params.top_p, generator)
             for seq, token, logp in zip(live, chosen.tolist(), chosen_logp.tolist()):
                 if done[seq]:

@@ -105,7 +105,7 @@ def report(result: Result, out: Path | None, stream: TextIO) -> None:
           f"{len(mapped)} mapped; manifest written to {where}", file=stream)
     for note in result.notes:
         print(f"  note: {note}", file=stream)
-    for key, origin, message in cfg.problems:
+    for _key, origin, message in cfg.problems:
         print(f"  verl would refuse this: {message} ({origin})", file=stream)
     unmapped = sorted(conversion.unmapped, key=lambda u: (not u.essential, u.key))
     if unmapped:
