@@ -7,15 +7,61 @@ determinism, and that ``params.seed`` reaches the engine."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("verifiers")
 
+from rlcore.interfaces import Prompt  # noqa: E402
 from rlcore.testing.agents import check_agent_loop  # noqa: E402
-from rlcore.testing.runs import discover_registry  # noqa: E402
+from rlcore.testing.runs import discover_registry, read_data_spec  # noqa: E402
 from rlcore.testing.tools import make_chat_tokenizer  # noqa: E402
 
-from test_verifiers_loop import capital_script, guesser, lookup_script, prompts_of, spec  # noqa: E402
+ENVS = Path(__file__).parent / "envs"
+LAST_USER = re.compile(r"<\|im_start\|>(?:user|tool)\n(.*?)<\|im_end\|>", re.S)
+CAPITAL = {"France": "Paris", "Japan": "Tokyo", "Peru": "Lima", "Kenya": "Nairobi"}
+
+
+def spec(name: str, query: str = "") -> str:
+    return f"verifiers:python:{ENVS / name}" + (f"?{query}" if query else "")
+
+
+def prompts_of(tok, rows_spec) -> list[Prompt]:
+    """The env's rows as the trainer makes prompts of them."""
+    rows, _ = read_data_spec(rows_spec)
+    out = []
+    for k, row in enumerate(rows):
+        text = tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+        out.append(Prompt(token_ids=tok.encode(text, add_special_tokens=False), messages=row["prompt"],
+                          data_source=row["data_source"], extra_info=row["extra_info"], index=k))
+    return out
+
+
+def capital_script(text: str, k: int) -> str:
+    country = re.findall(r"capital of (\w+)", text)[-1]
+    return CAPITAL[country] if k == 0 else f"I think it is probably Rome, {country}"
+
+
+def guesser(text: str, k: int) -> str:
+    """Even samples bisect on the env's hints; odd ones give up at once."""
+    if k % 2 == 1:
+        return "I give up"
+    low, high = 1, 9
+    guesses = re.findall(r"assistant\n(\d+)", text)
+    for previous, hint in zip(guesses, LAST_USER.findall(text)[1:]):
+        low, high = (int(previous) + 1, high) if "higher" in hint else (low, int(previous) - 1)
+    return str((low + high) // 2) if guesses else "5"
+
+
+def lookup_script(text: str, k: int) -> str:
+    """Sample 0 looks its key up, sample 1 a key that is not there; then each says what it got."""
+    results = LAST_USER.findall(text)[1:]
+    key = re.findall(r"Look up (\w+)", text)[-1] if k == 0 else "gamma"
+    if not results:
+        return f'<tool_call>{{"name": "lookup_get", "arguments": {{"key": "{key}"}}}}</tool_call>'
+    return results[-1].strip() if not results[-1].startswith("Error") else "unknown"
 
 
 @pytest.fixture(scope="module")
