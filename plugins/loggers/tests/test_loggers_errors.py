@@ -9,7 +9,7 @@ import pytest
 
 from rlcore.errors import ManifestError, RlcoreError
 from rlcore.interfaces import BuildContext
-from rlcore.testing import isolated_registry
+from rlcore.testing import isolated_registry, require_plugins
 from rlcore.testing.runs import registry_with, run_in_process, write_run_manifest
 
 import rlcore_loggers.plugin
@@ -33,6 +33,7 @@ def test_a_missing_library_names_the_extra(tmp_path, monkeypatch, name, hidden):
 
 @pytest.mark.slow
 def test_a_run_selecting_wandb_without_wandb_stops_with_the_line_not_a_traceback(tmp_path, tiny_model, monkeypatch, capsys):
+    require_plugins("rlcore_rollout_hf", "rlcore_algo_grpo", "rlcore_reward_rule")  # the tiny run's engine, estimator, reward
     monkeypatch.setitem(sys.modules, "wandb", None)
     manifest = write_run_manifest(tmp_path, tiny_model, trainer={"steps": 1, "loggers": ["jsonl", "wandb"]})
     assert run_in_process("run", manifest, "--run-dir", tmp_path / "run") != 0

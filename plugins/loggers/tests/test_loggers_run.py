@@ -7,9 +7,11 @@ import math
 
 import pytest
 
+from rlcore.testing import require_plugins
 from rlcore.testing.runs import read_metrics, run_in_process, write_run_manifest
 
 pytest.importorskip("tensorboard")
+require_plugins("rlcore_rollout_hf", "rlcore_algo_grpo", "rlcore_reward_rule")  # the tiny run's engine, estimator, reward
 
 
 @pytest.mark.slow
