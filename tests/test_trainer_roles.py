@@ -76,7 +76,8 @@ def test_serve_roles_are_the_engine_and_the_module_it_generates_with(tmp_path, t
         assert isinstance(module, torch.nn.Module) and not module.training
         assert {p.dtype for p in module.parameters()} == {torch_dtype(roles.precision.compute)}
         ids = roles.tokenizer.encode("What is 2 + 3?")
-        [[completion]] = roles.engine.generate([ids], SamplingParams(n=1, max_new_tokens=4, temperature=1.0, seed=0))
+        params = SamplingParams(n=1, max_new_tokens=4, temperature=1.0, seed=0)
+        [[completion]] = roles.engine.generate([ids], params)
         assert 1 <= len(completion.token_ids) <= 4
     finally:
         _close(roles)
@@ -92,12 +93,15 @@ def test_serve_loads_no_model_for_an_engine_with_its_own_weights(tmp_path, tiny_
     class OwnWeights:
         @rlcore.hookimpl
         def rlcore_rollout_engines(self):
-            return [Component("own_weights", lambda options, context: ScriptedEngine(context.tokenizer, lambda text, i: "5"),
-                              needs={"tokenizer"})]
+            def build(options, context):
+                return ScriptedEngine(context.tokenizer, lambda text, i: "5")
+
+            return [Component("own_weights", build, needs={"tokenizer"})]
 
     registry = Registry.discover()
     register(registry, OwnWeights(), name="own_weights")
-    manifest = load_manifest(write_run_manifest(tmp_path, tiny_model, rollout={"engine": "own_weights"}), registry=registry)
+    path = write_run_manifest(tmp_path, tiny_model, rollout={"engine": "own_weights"})
+    manifest = load_manifest(path, registry=registry)
     roles = build_roles(manifest, "serve")
     try:
         assert roles.context.actor is None and roles.actor is None

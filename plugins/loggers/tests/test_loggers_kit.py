@@ -8,12 +8,11 @@ import math
 import struct
 
 import pytest
+import rlcore_loggers.plugin
 
 from rlcore.interfaces import BuildContext
 from rlcore.testing.runs import registry_with
 from rlcore.testing.sinks import STEPS, check_metrics_sink
-
-import rlcore_loggers.plugin
 
 
 def _sink(name):
@@ -47,7 +46,8 @@ def _float32(read_back):
         for step, metrics in STEPS:
             for key, value in metrics.items():
                 got = read.get(step, {}).get(key)
-                if got is not None and math.isfinite(value) and math.isclose(got, _as_float32(value), rel_tol=1e-6):
+                if got is not None and math.isfinite(value) and math.isclose(got, _as_float32(value),
+                                                                              rel_tol=1e-6):
                     read[step][key] = value
         return read
 
@@ -82,5 +82,6 @@ def test_tensorboard_resumed_drops_the_steps_after_the_checkpoint(tmp_path):
 def test_wandb_offline_passes_the_kit_and_writes_an_offline_run(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    result = check_metrics_sink(_sink("wandb"), {"mode": "offline", "project": "kit"}, run_dir=tmp_path / "run")
+    result = check_metrics_sink(_sink("wandb"), {"mode": "offline", "project": "kit"},
+                                run_dir=tmp_path / "run")
     assert list((result["run_dir"] / "wandb").glob("offline-run-*"))
