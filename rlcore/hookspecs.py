@@ -137,7 +137,7 @@ def rlcore_metrics_sinks() -> list:
     Enabled by ``[trainer] loggers = ["console", "jsonl", ...]``; a sink's options live in
     ``[loggers.<name>]``.
 
-    Example: ``Component(name="wandb", factory="rlcore.builtin.loggers:wandb", options=WandbOptions)``.
+    Example: ``Component(name="wandb", factory="rlcore_loggers.sinks:wandb", options=WandbOptions)``.
     """
 
 

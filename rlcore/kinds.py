@@ -84,7 +84,8 @@ KINDS: tuple[Kind, ...] = (
          first_party=_from("rlcore-launcher-slurm", "slurm") | _from("rlcore-launcher-ray", "ray")
          | _from("rlcore-launcher-skypilot", "skypilot")),
     Kind("metrics_sink", "rlcore_metrics_sinks", "receives the metrics of every step",
-         "rlcore.interfaces:MetricsSink", table="loggers", named=True, kit="rlcore.testing.sinks:check_metrics_sink"),
+         "rlcore.interfaces:MetricsSink", table="loggers", named=True, kit="rlcore.testing.sinks:check_metrics_sink",
+         first_party=_from("rlcore-loggers", "tensorboard", "wandb")),
     Kind("eval_harness", "rlcore_eval_harnesses",
          "an outside evaluation harness that `rlcore eval --harness` hands the policy to",
          "rlcore.interfaces:EvalHarness", first_party=_from("rlcore-lm-eval", "lm_eval")),

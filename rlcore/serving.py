@@ -9,7 +9,7 @@ building imports torch and transformers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ class ServedEngine:
     model_name: ``[run] name``, the model id a server reports by default.
     max_tokens: ``[data] max_response_tokens``, a request's default budget.
     stop:       ``[rollout] stop``, the stop strings a run samples with.
+    closers:    what :meth:`close` calls: a split engine's process, the process group.
     """
 
     engine: Any
@@ -31,32 +32,27 @@ class ServedEngine:
     model_name: str
     max_tokens: int
     stop: list[str] = field(default_factory=list)
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Stop what building the engine started (when the server stops)."""
+        for close in self.closers:
+            close()
 
 
 def build_served_engine(manifest_path: str | Path, overrides: Sequence[str] = ()) -> ServedEngine:
-    """Load and validate ``manifest_path`` (with ``--set``-style ``overrides``), then build its
-    tokenizer and rollout engine on the run's device, computing in the run's compute dtype (a
-    server needs no float32 master weights). An engine that needs the actor (``hf``) gets the
-    model loaded for it, in eval mode. Invalid manifests raise :class:`rlcore.errors.RlcoreError`
-    with located messages, as ``rlcore validate`` reports them."""
-    from rlcore.interfaces import BuildContext
+    """Load and validate ``manifest_path`` (with ``--set``-style ``overrides``), then build what
+    serving needs as a run builds it (``build_roles(manifest, "serve")``): the tokenizer and the
+    rollout engine on the run's device, computing in the run's compute dtype; an engine that
+    generates with the policy's module (``hf``) gets it loaded in that dtype, in eval mode (a
+    server needs no optimizer nor float32 master weights). Invalid manifests raise
+    :class:`rlcore.errors.RlcoreError` with located messages, as ``rlcore validate`` reports them."""
     from rlcore.manifest.loader import load_manifest
     from rlcore.registry import Registry
+    from rlcore.trainer.roles import build_roles
 
     resolved = load_manifest(str(manifest_path), list(overrides), registry=Registry.discover())
     cfg = resolved.core
-    from rlcore.trainer import models
-    from rlcore.trainer.precision import resolve
-
-    device = models.resolve_device(cfg.run.device)
-    compute_dtype = resolve(cfg.model, device).compute
-    tokenizer = models.load_tokenizer(cfg.model)
-    selected = resolved.component("rollout.engine")
-    actor = None
-    if "actor_model" in selected.component.needs:
-        actor = models.load_causal_lm(cfg.model, device, dtype=compute_dtype)
-        actor.eval()
-    context = BuildContext.from_manifest(resolved, dtype=compute_dtype, device=device, tokenizer=tokenizer, actor=actor)
-    engine = selected.component.build(selected.options, context)
-    return ServedEngine(engine=engine, tokenizer=tokenizer, model_name=cfg.run.name,
-                        max_tokens=cfg.data.max_response_tokens, stop=list(cfg.rollout.stop))
+    roles = build_roles(resolved, "serve")
+    return ServedEngine(engine=roles.engine, tokenizer=roles.tokenizer, model_name=cfg.run.name,
+                        max_tokens=cfg.data.max_response_tokens, stop=list(cfg.rollout.stop), closers=roles.closers())

@@ -40,12 +40,14 @@ else
   phase "installing torch 2.13.0 from pip's configured index (the largest download; on the public PyPI the CUDA build: set RLCORE_TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU one)"
   "${pip[@]}" "torch==2.13.0"
 fi
-plugins=(plugins/rollout_hf plugins/algo_grpo plugins/algo_ppo plugins/algo_dapo plugins/reward_rule plugins/reward_model plugins/agent plugins/launcher_slurm plugins/verl plugins/reasoning_gym plugins/lm_eval plugins/verifiers plugins/serve)
+plugins=(plugins/rollout_hf plugins/algo_grpo plugins/algo_ppo plugins/algo_dapo plugins/reward_rule plugins/reward_model plugins/agent plugins/launcher_slurm plugins/verl plugins/reasoning_gym plugins/lm_eval plugins/verifiers plugins/serve plugins/loggers)
 for optional in plugins/launcher_ray plugins/rollout_vllm plugins/rollout_sglang; do
   [ -f "$optional/pyproject.toml" ] && plugins+=("$optional")
 done
+# The gsm8k examples log to TensorBoard: its sink's library comes with the plain setup too.
+declare -A extras=([plugins/loggers]="[tensorboard]")
 editable=(-e ".[train]")
-for p in "${plugins[@]}"; do editable+=(-e "$p"); done
+for p in "${plugins[@]}"; do editable+=(-e "$p${extras[$p]:-}"); done
 if [ "$want_tests" = 1 ]; then
   editable=(-e ".[train,test]")
   for p in "${plugins[@]}"; do

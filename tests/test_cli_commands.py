@@ -210,7 +210,8 @@ def test_plugins_verbose_json_shows_each_factory_and_command(capsys):
     plugins = {p["name"]: p for p in json.loads(capsys.readouterr().out)["plugins"]}
     builtin = plugins["rlcore.builtin"]
     assert builtin["factories"]["policy_loss"] == {"ppo_clip": "rlcore.algorithms.losses:build_ppo_clip"}
-    assert builtin["factories"]["metrics_sink"]["wandb"] == "rlcore.builtin.loggers:wandb"
+    assert builtin["factories"]["metrics_sink"] == {"console": "rlcore.builtin.loggers:console",
+                                                    "jsonl": "rlcore.builtin.loggers:jsonl"}
     assert {name: builtin["commands"].get(name) for name in ("data", "plot")} == {
         "data": "rlcore.data.cli:run", "plot": "rlcore.plotting:run"}
     if "serve" in plugins:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from rlcore.interfaces import BuildContext
 from rlcore.testing import isolated_registry
 
@@ -41,24 +39,3 @@ def test_console_prints_steps_and_the_reward_curve(tmp_path, capsys):
     assert "step 3/3" in out and "score 0.9" in out
     assert "step 1: 0.100 -> step 3: 0.900" in out
     assert "validation reward" in out and "step 3: 0.800" in out
-
-
-def test_tensorboard_writes_event_files(tmp_path):
-    pytest.importorskip("tensorboard")
-    sink = _sink("tensorboard", tmp_path)
-    sink.log({"critic/score/mean": 0.5}, 1)
-    sink.close()
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(tmp_path / "tensorboard"))
-    events.Reload()
-    assert [e.value for e in events.Scalars("critic/score/mean")] == [0.5]
-
-
-def test_wandb_offline(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    sink = _sink("wandb", tmp_path, mode="offline")
-    sink.log({"critic/score/mean": 0.5}, 1)
-    sink.close()
-    assert list((tmp_path / "wandb").glob("offline-run-*"))

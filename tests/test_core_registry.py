@@ -24,7 +24,7 @@ def _reward_plugin(name):
 def test_builtins_register_through_the_hooks():
     registry = Registry.discover(external=False)
     assert "local" in registry.components("launcher")
-    assert {"console", "jsonl", "tensorboard", "wandb"} <= set(registry.components("metrics_sink"))
+    assert {"console", "jsonl"} <= set(registry.components("metrics_sink"))
     local = registry.get("launcher", "local")
     assert local.distribution == "rlcore" and local.version == rlcore.__version__
     assert local.kind == "launcher"

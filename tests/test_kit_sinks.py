@@ -1,5 +1,5 @@
-"""rlcore.testing.sinks: rlcore's four metrics sinks pass the kit (jsonl and tensorboard proving
-what they kept by reading it back), and sinks broken in the ways that lose a run's metrics or
+"""rlcore.testing.sinks: rlcore's metrics sinks pass the kit (jsonl proving what it kept by reading
+it back; tensorboard and wandb are plugins/loggers, tested there), and sinks broken in the ways that lose a run's metrics or
 crash it fail the kit with a message naming the rule."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 import pytest
 
 from rlcore.testing import isolated_registry
-from rlcore.testing.sinks import STEPS, check_metrics_sink
+from rlcore.testing.sinks import check_metrics_sink
 
 
 def _jsonl_back(run_dir):
@@ -29,55 +29,6 @@ def test_jsonl_passes_and_keeps_every_step(tmp_path):
 
 def test_console_passes(tmp_path):
     check_metrics_sink(isolated_registry().get("metrics_sink", "console"), {"plot": False}, run_dir=tmp_path)
-
-
-def test_tensorboard_passes_and_keeps_the_finite_values(tmp_path):
-    pytest.importorskip("tensorboard")
-    pytest.importorskip("torch")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    def read_back(run_dir):
-        events = EventAccumulator(str(run_dir / "tensorboard"))
-        events.Reload()
-        out: dict[int, dict] = {}
-        for tag in events.Tags()["scalars"]:
-            for event in events.Scalars(tag):
-                out.setdefault(event.step, {})[tag] = event.value
-        return out
-
-    result = check_metrics_sink(isolated_registry().get("metrics_sink", "tensorboard"), run_dir=tmp_path,
-                                read_back=_float32(read_back))
-    assert math.isnan(result["read"][2]["actor/pg_loss"])
-
-
-def _float32(read_back):
-    """TensorBoard stores float32: compare the logged values as float32 too."""
-    import struct
-
-    def as32(value):
-        try:
-            return struct.unpack("f", struct.pack("f", value))[0]
-        except OverflowError:  # beyond float32: stored as an infinity
-            return math.copysign(math.inf, value)
-
-    def wrapped(run_dir):
-        read = read_back(run_dir)
-        for step, metrics in STEPS:
-            for key, value in metrics.items():
-                got = read.get(step, {}).get(key)
-                if got is not None and math.isfinite(value) and (
-                        got == as32(value) or math.isclose(got, as32(value), rel_tol=1e-6)):
-                    read[step][key] = value
-        return read
-
-    return wrapped
-
-
-def test_wandb_offline_passes(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    check_metrics_sink(isolated_registry().get("metrics_sink", "wandb"), {"mode": "offline", "project": "kit"},
-                       run_dir=tmp_path / "run")
 
 
 # ----------------------------------------------------------------------------- broken sinks

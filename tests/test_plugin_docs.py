@@ -240,7 +240,7 @@ def test_readme_inline_code_names_real_code(tutorial_package):
 @pytest.mark.parametrize(
     "text",
     [
-        'factory="rlcore.builtin.loggers:wandb_sink"',  # a misspelt attribute
+        'factory="rlcore_loggers.sinks:wandb_sink"',  # a misspelt attribute
         'factory="rlcore_algo_grpo.estimators:grpo"',
         'factory="rlcore_agnet.loop:build"',  # a misspelt first-party package
         "options=HFOptions",  # an options class nobody defines
@@ -252,6 +252,6 @@ def test_a_misspelt_first_party_name_is_reported(text):
 
 
 def test_correct_names_pass():
-    text = ('factory="rlcore.builtin.loggers:wandb", options=WandbOptions, "rlcore_my_reward.impl:make", '
+    text = ('factory="rlcore_loggers.sinks:wandb", options=WandbOptions, "rlcore_my_reward.impl:make", '
             "`rlcore.interfaces.RewardInput` `rlcore.testing.rewards`")
     assert problems_in("example", text) == []

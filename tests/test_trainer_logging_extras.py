@@ -1,4 +1,4 @@
-"""Validation samples in the logs (``[trainer] log_val_generations``) and the metrics verl users
+"""Validation samples in generations.jsonl (``[trainer] log_val_generations``) and the metrics verl users
 look for: ``actor/entropy_loss``, ``perf/throughput`` per GPU, ``perf/mfu/actor``."""
 
 from __future__ import annotations
@@ -22,11 +22,10 @@ def test_peak_and_mfu_by_hand():
 
 
 @pytest.mark.slow
-def test_validation_samples_go_to_generations_jsonl_and_tensorboard(tmp_path, tiny_model):
-    pytest.importorskip("tensorboard")
+def test_validation_samples_go_to_generations_jsonl(tmp_path, tiny_model):
     manifest = write_run_manifest(
         tmp_path, tiny_model,
-        trainer={"steps": 2, "save_every": 1, "eval_every": 1, "log_val_generations": 3, "loggers": ["jsonl", "tensorboard"]},
+        trainer={"steps": 2, "save_every": 1, "eval_every": 1, "log_val_generations": 3, "loggers": ["jsonl"]},
     )
     run = tmp_path / "run"
     assert main(["run", str(manifest), "--run-dir", str(run)]) == 0
@@ -34,8 +33,6 @@ def test_validation_samples_go_to_generations_jsonl_and_tensorboard(tmp_path, ti
     assert [s["step"] for s in samples] == [1, 1, 1, 2, 2, 2]
     assert all(set(s) == {"step", "data_source", "prompt", "response", "score"} for s in samples)
     assert "What is" in samples[0]["prompt"] and samples[0]["data_source"] == "synthetic/addition"
-    events = b"".join(p.read_bytes() for p in (run / "tensorboard").rglob("events.out.tfevents.*"))
-    assert b"val/generations" in events
     # The metrics verl users look for.
     row = train_rows(run)[0]
     assert row["actor/entropy_loss"] == row["actor/entropy"] and row["perf/throughput"] > 0

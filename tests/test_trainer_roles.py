@@ -59,12 +59,53 @@ def test_eval_roles_build_no_optimizer_critic_reference_training_data_or_sinks(t
     assert not (tmp_path / "run").exists()
 
 
-def test_serve_roles_are_the_actor_and_the_engine(tmp_path, tiny_model):
+def test_serve_roles_are_the_engine_and_the_module_it_generates_with(tmp_path, tiny_model):
+    # hf generates with the policy's module: loaded in the compute dtype, in eval mode, with no
+    # optimizer, float32 masters or Actor around it.
+    import torch
+
+    from rlcore.interfaces import SamplingParams
+    from rlcore.trainer.precision import torch_dtype
+
     manifest = load_manifest(write_run_manifest(tmp_path, tiny_model))
     roles = build_roles(manifest, "serve")
     try:
-        assert roles.actor.optimizer is None and roles.scorer is None and roles.rollout.agent is None
+        assert roles.actor is None and roles.scorer is None and roles.rollout.agent is None
         assert roles.engine is roles.rollout.engine and roles.train_set is None and roles.sinks == ()
+        module = roles.context.actor
+        assert isinstance(module, torch.nn.Module) and not module.training
+        assert {p.dtype for p in module.parameters()} == {torch_dtype(roles.precision.compute)}
+        ids = roles.tokenizer.encode("What is 2 + 3?")
+        params = SamplingParams(n=1, max_new_tokens=4, temperature=1.0, seed=0)
+        [[completion]] = roles.engine.generate([ids], params)
+        assert 1 <= len(completion.token_ids) <= 4
+    finally:
+        _close(roles)
+
+
+def test_serve_loads_no_model_for_an_engine_with_its_own_weights(tmp_path, tiny_model):
+    import rlcore
+    from rlcore.components import Component
+    from rlcore.registry import Registry
+    from rlcore.testing import register
+    from rlcore.testing.tools import ScriptedEngine
+
+    class OwnWeights:
+        @rlcore.hookimpl
+        def rlcore_rollout_engines(self):
+            def build(options, context):
+                return ScriptedEngine(context.tokenizer, lambda text, i: "5")
+
+            return [Component("own_weights", build, needs={"tokenizer"})]
+
+    registry = Registry.discover()
+    register(registry, OwnWeights(), name="own_weights")
+    path = write_run_manifest(tmp_path, tiny_model, rollout={"engine": "own_weights"})
+    manifest = load_manifest(path, registry=registry)
+    roles = build_roles(manifest, "serve")
+    try:
+        assert roles.context.actor is None and roles.actor is None
+        assert type(roles.engine).__name__ == "ScriptedEngine"
     finally:
         _close(roles)
 

@@ -9,8 +9,6 @@ from rlcore.builtin.options import (
     PPOClipOptions,
     PythonRewardOptions,
     SingleTurnOptions,
-    TensorboardOptions,
-    WandbOptions,
 )
 from rlcore.components import Command, Component
 from rlcore.hookspecs import hookimpl
@@ -33,8 +31,6 @@ def rlcore_metrics_sinks():
     return [
         Component("console", "rlcore.builtin.loggers:console", ConsoleOptions, "a live rich view with a progress bar"),
         Component("jsonl", "rlcore.builtin.loggers:jsonl", JsonlOptions, "one JSON object per step in metrics.jsonl"),
-        Component("tensorboard", "rlcore.builtin.loggers:tensorboard", TensorboardOptions, "TensorBoard event files"),
-        Component("wandb", "rlcore.builtin.loggers:wandb", WandbOptions, "Weights & Biases (offline mode works without a network)"),
     ]
 
 

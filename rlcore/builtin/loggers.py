@@ -1,4 +1,4 @@
-"""Builtin metrics sinks: console (rich), jsonl, tensorboard and wandb.
+"""Builtin metrics sinks: console (rich) and jsonl (tensorboard and wandb are the rlcore-loggers plugin).
 
 Every sink receives ``log(metrics, step)`` once per training step (and once per validation, with
 ``val/`` keys), and ``close()`` at the end. A resumed run truncates what was logged after the
@@ -335,69 +335,6 @@ def _open_for_append(path: Path, resume: int | None):
     return open(path, "a", encoding="utf-8")
 
 
-class TensorboardSink:
-    def __init__(self, options, context):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as exc:
-            raise RlcoreError(f"the tensorboard logger needs the tensorboard package: pip install tensorboard ({exc})") from None
-        kwargs: dict[str, Any] = {}
-        if _resume_step(context) is not None:
-            kwargs["purge_step"] = _resume_step(context) + 1
-        self.writer = SummaryWriter(log_dir=str(_run_dir(context) / options.subdir), **kwargs)
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        for key, value in metrics.items():
-            if isinstance(value, (int, float)):
-                self.writer.add_scalar(key, value, step)
-        self.writer.flush()
-
-    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
-        """A markdown table under the text tab (val/generations)."""
-        cell = lambda v: str(v).replace("|", "\\|").replace("\n", "<br>")  # noqa: E731
-        lines = ["| data_source | prompt | response | score |", "|---|---|---|---|"]
-        lines += [f"| {cell(r['data_source'])} | {cell(r['prompt'])} | {cell(r['response'])} | {r['score']:.4g} |" for r in rows]
-        self.writer.add_text("val/generations", "\n".join(lines), step)
-        self.writer.flush()
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-class WandbSink:
-    def __init__(self, options, context):
-        try:
-            import wandb
-        except ImportError:
-            raise RlcoreError("the wandb logger needs the wandb package: pip install wandb") from None
-        run_dir = _run_dir(context)
-        manifest = getattr(context, "manifest", None) or {}
-        self.run = wandb.init(
-            project=options.project,
-            entity=options.entity,
-            mode=options.mode,
-            tags=options.tags,
-            dir=str(run_dir),
-            name=run_dir.name,
-            id=run_dir.name.replace("/", "-"),
-            resume="allow",
-            config=manifest,
-        )
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        self.run.log(metrics, step=step)
-
-    def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
-        import wandb
-
-        columns = ["step", "data_source", "prompt", "response", "score"]
-        table = wandb.Table(columns=columns, data=[[step] + [r[c] for c in columns[1:]] for r in rows])
-        self.run.log({"val/generations": table}, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
-
-
 def console(options, context):
     return ConsoleSink(options, context)
 
@@ -405,10 +342,3 @@ def console(options, context):
 def jsonl(options, context):
     return JsonlSink(options, context)
 
-
-def tensorboard(options, context):
-    return TensorboardSink(options, context)
-
-
-def wandb(options, context):
-    return WandbSink(options, context)

@@ -28,17 +28,6 @@ class JsonlOptions(Options):
     filename: str = "metrics.jsonl"
 
 
-class TensorboardOptions(Options):
-    subdir: str = "tensorboard"
-
-
-class WandbOptions(Options):
-    project: str = "rlcore"
-    entity: str | None = None
-    mode: str = Field("offline", pattern="^(online|offline|disabled)$")
-    tags: list[str] = Field(default_factory=list)
-
-
 class SingleTurnOptions(Options):
     pass
 

@@ -173,10 +173,13 @@ def check_trajectories(trajectories: Any, prompts: Sequence[Prompt], params: Sam
 
 def check_agent_loop(component: Component | Any, options: Any = None, *, context: BuildContext | None = None,
                      tokenizer: Any = None, script: Script | None = None, n: int = 2,
-                     max_new_tokens: int = 24, seed: int = 7) -> dict[str, Any]:
+                     max_new_tokens: int = 24, seed: int = 7,
+                     prompts: Sequence[Prompt] | None = None) -> dict[str, Any]:
     """Run the agent loop ``component`` (a registered :class:`~rlcore.components.Component`,
     built with ``options`` and ``context``, or a built loop) on three chat prompts against a
-    :class:`KitEngine` and check its trajectories (:func:`check_trajectories`).
+    :class:`KitEngine` and check its trajectories (:func:`check_trajectories`). A loop that plays
+    its own data source's rows (an environment's tasks) gets them as ``prompts`` instead, made
+    as the trainer makes them from those rows (with ``tokenizer``).
 
     Also: an empty batch gives no trajectories; the prompts are left as they were; the engine is
     called, and only to generate; two runs on engines of the same seed give the same
@@ -195,7 +198,8 @@ def check_agent_loop(component: Component | Any, options: Any = None, *, context
         context.tokenizer = tokenizer
     loop = _build(component, options, context)
     assert callable(getattr(loop, "run", None)), f"an agent loop needs run(prompts, engine, params); {type(loop).__name__} has none"
-    prompts = kit_prompts(tokenizer)
+    prompts = list(prompts) if prompts is not None else kit_prompts(tokenizer)
+    assert prompts, "check_agent_loop needs at least one prompt"
     before = copy.deepcopy(prompts)
     params = SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=1.0,
                             stop_token_ids=[tokenizer.eos_token_id])

@@ -5,7 +5,9 @@ optimizer, the reference and critic its algorithm asks for, the rollout engine a
 reward (scorer), score shapers and batch filters, the training and validation data, and the
 metrics sinks. ``"eval"`` (``rlcore eval``) builds only what scoring a policy needs: the actor
 without an optimizer, the engine, agent loop and scorer; no critic, reference, estimator, filters,
-training data or sinks. ``"serve"`` builds the actor and the engine alone.
+training data or sinks. ``"serve"`` (``rlcore serve``, through :mod:`rlcore.serving`) builds the
+engine alone, and the policy's module in its compute dtype only for an engine that generates with
+it (``hf``): no optimizer, float32 master weights, compilation, scorer, tools or agent loop.
 
 Every factory receives a complete :class:`rlcore.interfaces.BuildContext`: the tokenizer, the
 step a resumed run continues after, and the run's total steps (counted from the data under
@@ -38,7 +40,8 @@ class Roles:
     ``checkpoint_state``: its ``state.json`` (the data position, ...). ``total_steps``: the steps
     the run trains (``[trainer] steps``, or counted from ``total_epochs``; None unless training).
     ``engine_process``: the split engine's process (``[rollout] placement = "split"``), closed
-    with the roles."""
+    with the roles. For ``"serve"``, ``actor`` is None: the module an engine generates with, if
+    any, is ``context.actor``."""
 
     purpose: str
     context: BuildContext
@@ -137,11 +140,16 @@ def _build_roles(manifest: ResolvedManifest, purpose: str, run_dir, checkpoint: 
         for dataset in filter(None, (train_set, val_set)):
             _check_data(scorer, dataset)
 
-    batching = Batching(dist, device, cfg.trainer.micro_batch_tokens, cfg.algorithm.mini_batches,
-                        models.shares_prompts(cfg.model, device, prec.compute))
-    actor = Actor(cfg, model_cfg, prec, dist, device, batching, checkpoint, train=training)
-    startup_checks.context_fits(manifest, actor.module)
-    context.actor = actor.module
+    if purpose == "serve":
+        actor, module = None, _served_module(manifest, model_cfg, prec, device, checkpoint)
+    else:
+        batching = Batching(dist, device, cfg.trainer.micro_batch_tokens, cfg.algorithm.mini_batches,
+                            models.shares_prompts(cfg.model, device, prec.compute))
+        actor = Actor(cfg, model_cfg, prec, dist, device, batching, checkpoint, train=training)
+        module = actor.module
+    if module is not None:
+        startup_checks.context_fits(manifest, module)
+    context.actor = module
     algorithm: dict[str, Any] = {}
     if training:
         algorithm = _algorithm(manifest, context, actor, model_cfg, prec, dist, device, batching, tokenizer)
@@ -159,7 +167,7 @@ def _build_roles(manifest: ResolvedManifest, purpose: str, run_dir, checkpoint: 
     startup_checks.engine_takes_lora(manifest, engine, dist)
     if training:
         startup_checks.background_engine(manifest, engine)
-    if cfg.model.lora is not None and not engine.shares_actor:
+    if cfg.model.lora is not None and not engine.shares_actor and purpose != "serve":
         from rlcore.trainer.lora import adapter_spec, takes_adapters
 
         if takes_adapters(engine):
@@ -167,7 +175,7 @@ def _build_roles(manifest: ResolvedManifest, purpose: str, run_dir, checkpoint: 
             logger.info("LoRA: the engine receives the adapters alone at each weight sync (rank {})", cfg.model.lora.rank)
     agent = _build(manifest, "agent.loop", context) if purpose != "serve" else None
     rollout = Rollout(engine, agent, actor)
-    sampling = Sampling(cfg.rollout, cfg.data.max_response_tokens, eos_ids(tokenizer, actor.module), cfg.run.seed,
+    sampling = Sampling(cfg.rollout, cfg.data.max_response_tokens, eos_ids(tokenizer, module), cfg.run.seed,
                         dist.rank)
     sinks = ()
     if training and dist.is_main:
@@ -205,6 +213,23 @@ def _start(manifest: ResolvedManifest, training: bool, checkpoint: Path | None, 
     if state is not None and training:
         startup_checks.checkpoint_matches(manifest, checkpoint, state, dist)
     return device, dist, state
+
+
+def _served_module(manifest: ResolvedManifest, model_cfg, prec, device: str, checkpoint: Path | None):
+    """For ``"serve"``: the policy's module in its compute dtype, in eval mode, when the engine
+    generates with it (needs ``actor_model``); None otherwise, so an engine holding its own
+    weights (vLLM, SGLang) loads no second copy."""
+    from rlcore.trainer import models
+
+    if "actor_model" not in manifest.component("rollout.engine").component.needs:
+        return None
+    module = models.load_causal_lm(model_cfg, device, dtype=prec.compute)
+    if checkpoint is not None:
+        from rlcore.checkpoint import load_actor_weights
+
+        load_actor_weights(module, checkpoint)
+    module.eval()
+    return module
 
 
 def _algorithm(manifest, context, actor, model_cfg, prec, dist, device, batching, tokenizer) -> dict[str, Any]:

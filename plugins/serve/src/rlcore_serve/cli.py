@@ -52,7 +52,7 @@ def build_server(
     from rlcore_serve.app import create_app
 
     served = build_served_engine(manifest_path, list(overrides or []))
-    return create_app(
+    app = create_app(
         served.engine,
         served.tokenizer,
         model_name=model_name or served.model_name,
@@ -61,6 +61,8 @@ def build_server(
         max_tokens_limit=max_tokens_limit,
         max_batch_size=batch_size,
     )
+    app.state.served = served  # closed when the server stops (run)
+    return app
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,5 +71,8 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
     except ImportError as exc:  # pragma: no cover - uvicorn is a dependency of rlcore-serve
         raise RlcoreError(f"rlcore serve needs uvicorn: pip install rlcore-serve ({exc})") from None
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        app.state.served.close()
     return 0

@@ -1,0 +1,1 @@
+"""rlcore-loggers: the ``tensorboard`` and ``wandb`` metrics sinks (``[trainer] loggers``)."""
