@@ -52,6 +52,19 @@ def write_manifest(directory: Path, document: dict[str, Any], name: str = "manif
     return path
 
 
+def build_subject(component: Any, options: Any, context: Any) -> Any:
+    """What a conformance kit checks: a :class:`~rlcore.components.Component` record built as a run
+    builds it (with ``options`` and the ``BuildContext``), or an object already built, taken as it
+    is (``options`` must then be None)."""
+    from rlcore.components import Component
+
+    if isinstance(component, Component):
+        return component.build(options or {}, context)
+    if options is not None:
+        raise TypeError("options are only used with a Component record; pass the built object alone")
+    return component
+
+
 def require_plugins(*packages: str) -> None:
     """Skip the calling test (or, called at module level, the module) unless the plugin packages
     ``packages`` (``"rlcore_rollout_hf"``, ...) are installed. For tests that use components of

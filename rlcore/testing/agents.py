@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlcore.components import Component
+from rlcore.testing import build_subject
 from rlcore.interfaces import BuildContext, Completion, Prompt, SamplingParams, Trajectory
 
 QUESTIONS = ("What is 12 + 30?", "Compute 7 * 6 with the python tool.", "Say the answer is 42.")
@@ -111,14 +112,6 @@ def kit_prompts(tokenizer: Any, questions: Sequence[str] = QUESTIONS) -> list[Pr
     return prompts
 
 
-def _build(component: Component | Any, options: Any, context: BuildContext) -> Any:
-    if isinstance(component, Component):
-        return component.build(options or {}, context)
-    if options is not None:
-        raise TypeError("options are only used with a Component record; pass the built object alone")
-    return component
-
-
 def _signature(trajectories: list[Trajectory]) -> list[tuple]:
     return [(list(t.response_ids), list(t.response_mask), list(t.rollout_logprobs), t.finish_reason)
             for t in trajectories]
@@ -196,7 +189,7 @@ def check_agent_loop(component: Component | Any, options: Any = None, *, context
         context = BuildContext(tokenizer=tokenizer, seed=seed, manifest={"data": {"max_response_tokens": max_new_tokens}})
     elif context.tokenizer is None:
         context.tokenizer = tokenizer
-    loop = _build(component, options, context)
+    loop = build_subject(component, options, context)
     assert callable(getattr(loop, "run", None)), f"an agent loop needs run(prompts, engine, params); {type(loop).__name__} has none"
     prompts = list(prompts) if prompts is not None else kit_prompts(tokenizer)
     assert prompts, "check_agent_loop needs at least one prompt"

@@ -29,6 +29,7 @@ from typing import Any
 import tomli_w
 
 from rlcore.components import Component
+from rlcore.testing import build_subject
 from rlcore.interfaces import BuildContext, LaunchRequest
 
 # Modules a dry run must not import (it only describes; the launch itself may need them).
@@ -70,14 +71,6 @@ def kit_context(request: LaunchRequest) -> BuildContext:
                         seed=int(manifest.get("run", {}).get("seed", 0)))
 
 
-def _build(component: Component | Any, options: Any, context: BuildContext) -> Any:
-    if isinstance(component, Component):
-        return component.build(options or {}, context)
-    if options is not None:
-        raise TypeError("options are only used with a Component record; pass the built object alone")
-    return component
-
-
 def _tree(path: Path) -> dict[str, int] | None:
     """Every file under ``path`` with its size, or None where ``path`` does not exist."""
     if not path.exists():
@@ -100,7 +93,7 @@ def check_launcher(component: Component | Any, options: Any = None, *, directory
         directory = holder.name
     try:
         request = kit_request(directory, manifest, dry_run=True)
-        launcher = _build(component, options, kit_context(request))
+        launcher = build_subject(component, options, kit_context(request))
         name = type(launcher).__name__
         assert callable(getattr(launcher, "launch", None)), f"a launcher needs launch(request); {name} has none"
         before_request = copy.deepcopy(request)
@@ -140,7 +133,7 @@ def check_launch(component: Component | Any, request: LaunchRequest, options: An
     launcher and check it returns the int 0 and the run directory holds the run's metrics
     (``metrics.jsonl``) and resolved manifest. Returns the exit code."""
     assert not request.dry_run, "check_launch launches for real: give a request with dry_run=False"
-    launcher = _build(component, options, kit_context(request))
+    launcher = build_subject(component, options, kit_context(request))
     name = type(launcher).__name__
     code = launcher.launch(request)
     assert type(code) is int, f"{name}.launch must return an exit code (int), got {code!r}"

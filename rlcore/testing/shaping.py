@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from rlcore.components import Component
+from rlcore.testing import build_subject
 from rlcore.interfaces import BuildContext, Prompt, Trajectory
 
 GROUP_SIZE = 4
@@ -24,14 +25,6 @@ def _context() -> BuildContext:
     return BuildContext(manifest={"data": {"max_response_tokens": MAX_RESPONSE_TOKENS, "max_prompt_tokens": 8,
                                            "prompts_per_step": 3, "gen_batch_size": 0},
                                   "rollout": {"samples_per_prompt": GROUP_SIZE}})
-
-
-def _build(component: Component | Any, options: Any, context: BuildContext | None) -> Any:
-    if isinstance(component, Component):
-        return component.build(options or {}, context or _context())
-    if options is not None:
-        raise TypeError("options are only used with a Component record; pass the built object alone")
-    return component
 
 
 def sample_round(groups: int = 3, group_size: int = GROUP_SIZE) -> tuple[list[Trajectory], list[float]]:
@@ -59,7 +52,7 @@ def _metrics(metrics: Any, what: str) -> None:
 def check_score_shaper(component: Component | Any, options: Any = None, context: BuildContext | None = None) -> None:
     """One finite score per trajectory, in order; finite metrics; deterministic; an empty round
     stays empty; the trajectories are left as they were."""
-    shaper = _build(component, options, context)
+    shaper = build_subject(component, options, context or _context())
     trajectories, scores = sample_round()
     before = [(t.response_ids[:], t.finish_reason) for t in trajectories]
     shaped, metrics = shaper.shape(trajectories, list(scores))
@@ -79,7 +72,7 @@ def check_batch_filter(component: Component | Any, options: Any = None, context:
     indices within range; deterministic (given ``reward_items`` when it asks for them);
     ``max_rounds`` an int of 0 (unlimited) or more; ``on_exhausted`` pad or raise. ``loss_mask``: one
     bool per trajectory and finite metrics; deterministic."""
-    selector = _build(component, options, context)
+    selector = build_subject(component, options, context or _context())
     assert hasattr(selector, "select") or hasattr(selector, "loss_mask"), "a batch filter needs select or loss_mask"
     trajectories, scores = sample_round()
     groups = len(scores) // GROUP_SIZE

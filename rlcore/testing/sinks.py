@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.components import Component
+from rlcore.testing import build_subject
 from rlcore.interfaces import BuildContext
 
 # What the trainer may log over a few steps, odd values included.
@@ -45,14 +46,6 @@ SAMPLES = [
     {"step": 4, "data_source": "gsm8k", "prompt": "What is 2 + 3?", "response": "5 | <b>five</b>\n", "score": 1.0},
     {"step": 4, "data_source": "math", "prompt": "ünïcode ∫x dx", "response": "", "score": float("nan")},
 ]
-
-
-def _build(component: Component | Any, options: Any, context: BuildContext) -> Any:
-    if isinstance(component, Component):
-        return component.build(options or {}, context)
-    if options is not None:
-        raise TypeError("options are only used with a Component record; pass the built object alone")
-    return component
 
 
 def check_metrics_sink(component: Component | Any, options: Any = None, *, run_dir: str | Path | None = None,
@@ -77,7 +70,7 @@ def check_metrics_sink(component: Component | Any, options: Any = None, *, run_d
         elif run_dir is not None:
             context.run_dir = str(run_dir)
         directory = Path(context.run_dir)
-        sink = _build(component, options, context)
+        sink = build_subject(component, options, context)
         name = type(sink).__name__
         for method in ("log", "close"):
             assert callable(getattr(sink, method, None)), f"a metrics sink needs {method}(); {name} has none"
