@@ -49,9 +49,24 @@ def options_for(mode: str) -> list[str]:
 
 def run_mode(args, mode: str, out: Path) -> dict:
     target = out / f"{mode.replace(':', '-')}.json"
-    cmd = [sys.executable, str(HERE / "grpo_step.py"), "--shape", args.shape, "--skip-trl", "--skip-train-only",
-           "--steps", str(args.steps), "--warmup", str(args.warmup), "--micro-batch-tokens", str(args.micro_batch_tokens),
-           "--out", str(out / mode.replace(":", "-")), "--json", str(target)]
+    cmd = [
+        sys.executable,
+        str(HERE / "grpo_step.py"),
+        "--shape",
+        args.shape,
+        "--skip-trl",
+        "--skip-train-only",
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--micro-batch-tokens",
+        str(args.micro_batch_tokens),
+        "--out",
+        str(out / mode.replace(":", "-")),
+        "--json",
+        str(target),
+    ]
     if args.device:
         cmd += ["--device", args.device]
     if args.engine:
@@ -63,7 +78,12 @@ def run_mode(args, mode: str, out: Path) -> dict:
     print(f"== {mode}: {' '.join(cmd[1:])}", flush=True)
     subprocess.run(cmd, check=True)
     whole = json.loads(target.read_text())
-    return {**whole["rlcore"], "precision": whole["precision"], "device": whole["device"], "gpu": whole.get("gpu")}
+    return {
+        **whole["rlcore"],
+        "precision": whole["precision"],
+        "device": whole["device"],
+        "gpu": whole.get("gpu"),
+    }
 
 
 def timed_mean(result: dict, key: str, warmup: int) -> float:
@@ -76,13 +96,22 @@ def main() -> None:
     parser.add_argument("--shape", default="0.5b")
     parser.add_argument("--device", default=None)
     parser.add_argument("--steps", type=int, default=4, help="timed steps per mode")
-    parser.add_argument("--warmup", type=int, default=2, help="steps first run and left out (one-step-off fills its pipe)")
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="steps first run and left out (one-step-off fills its pipe)"
+    )
     parser.add_argument("--modes", default="colocated,split,split:1")
-    parser.add_argument("--workload", type=int, nargs=4, metavar=("PROMPTS", "SAMPLES", "PROMPT_TOKENS", "RESPONSE_TOKENS"))
+    parser.add_argument(
+        "--workload", type=int, nargs=4, metavar=("PROMPTS", "SAMPLES", "PROMPT_TOKENS", "RESPONSE_TOKENS")
+    )
     parser.add_argument("--micro-batch-tokens", type=int, default=49152)
     parser.add_argument("--engine", default=None, help="[rollout] engine (default: hf; vllm where installed)")
-    parser.add_argument("--engine-option", action="append", default=[], metavar="KEY=TOML",
-                        help="[rollout] keys for every mode (e.g. max_batch_size=256)")
+    parser.add_argument(
+        "--engine-option",
+        action="append",
+        default=[],
+        metavar="KEY=TOML",
+        help="[rollout] keys for every mode (e.g. max_batch_size=256)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -94,17 +123,25 @@ def main() -> None:
     results = {mode: run_mode(args, mode, out) for mode in modes}
     first = results[modes[0]]["step_s"]
     r0 = results[modes[0]]
-    print(f"\n{args.shape} on {r0['gpu'] or r0['device']}, precision {r0['precision']} (grpo_step.py's --precision), "
-          f"mean of {args.steps} steps after {args.warmup}:")
-    print(f"{'mode':<12} {'step':>8} {'gen':>8} {'update':>8} {'w-sync':>8} {'wait':>8} {'engine busy':>12} {'peak':>9}  vs {modes[0]}")
+    print(
+        f"\n{args.shape} on {r0['gpu'] or r0['device']}, precision {r0['precision']} (grpo_step.py's --precision), "
+        f"mean of {args.steps} steps after {args.warmup}:"
+    )
+    print(
+        f"{'mode':<12} {'step':>8} {'gen':>8} {'update':>8} {'w-sync':>8} {'wait':>8} {'engine busy':>12} {'peak':>9}  vs {modes[0]}"
+    )
     for mode, r in results.items():
         wait = timed_mean(r, "timing_s/wait_rollout", args.warmup)
         busy = timed_mean(r, "async/engine_busy_fraction", args.warmup)
         peak = f"{r['peak_gib']:.1f} GiB" if r.get("peak_gib") is not None else "-"
-        print(f"{mode:<12} {r['step_s']:>7.3f}s {r['gen_s']:>7.3f}s {r['update_actor_s']:>7.3f}s "
-              f"{r['update_weights_s']:>7.3f}s {wait:>7.3f}s {busy:>12.2f} {peak:>9}  {first / r['step_s']:.2f}x")
-    print("(gen is the trainer's own generation time: 0 for one-step-off, whose generation is inside the engine's "
-          "busy share; peak is the trainer process's, the engine's process holds its own)")
+        print(
+            f"{mode:<12} {r['step_s']:>7.3f}s {r['gen_s']:>7.3f}s {r['update_actor_s']:>7.3f}s "
+            f"{r['update_weights_s']:>7.3f}s {wait:>7.3f}s {busy:>12.2f} {peak:>9}  {first / r['step_s']:.2f}x"
+        )
+    print(
+        "(gen is the trainer's own generation time: 0 for one-step-off, whose generation is inside the engine's "
+        "busy share; peak is the trainer process's, the engine's process holds its own)"
+    )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

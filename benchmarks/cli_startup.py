@@ -32,7 +32,9 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         manifest = Path(tmp) / "starter.toml"
-        subprocess.run([sys.executable, "-m", "rlcore", "init", str(manifest)], check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "rlcore", "init", str(manifest)], check=True, capture_output=True
+        )
         cases = {
             "python -c pass": [sys.executable, "-c", "pass"],
             "python -c 'import torch'": [sys.executable, "-c", "import torch"],

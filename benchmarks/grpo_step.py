@@ -55,11 +55,21 @@ import tempfile
 import time
 from pathlib import Path
 
-from model_shapes import QWEN2_5_0_5B, QWEN2_5_1_5B, QWEN2_5_3B, QWEN2_5_7B, config_kwargs  # benchmarks/ is on sys.path
+from model_shapes import (
+    QWEN2_5_0_5B,
+    QWEN2_5_1_5B,
+    QWEN2_5_3B,
+    QWEN2_5_7B,
+    config_kwargs,
+)  # benchmarks/ is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 # --precision -> ([model] dtype, [model] compute_dtype): what is stored, what is computed.
-PRECISIONS = {"mixed": ("float32", "bfloat16"), "float32": ("float32", "float32"), "bf16": ("bfloat16", "bfloat16")}
+PRECISIONS = {
+    "mixed": ("float32", "bfloat16"),
+    "float32": ("float32", "float32"),
+    "bf16": ("bfloat16", "bfloat16"),
+}
 PEAK_TFLOPS = {"cuda": 790.0}  # measured dense bf16 matrix products on the H200 (../shared/gpu/README.md)
 
 SHAPES = {
@@ -67,12 +77,23 @@ SHAPES = {
     "1.5b": QWEN2_5_1_5B,
     "3b": QWEN2_5_3B,
     "7b": QWEN2_5_7B,
-    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=128, vocab_size=4096),
+    "tiny": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=4096,
+    ),
 }
 # Workload per shape: (prompts, samples per prompt, prompt tokens, response tokens).
-WORKLOADS = {"0.5b": (64, 4, 128, 256), "1.5b": (64, 4, 128, 256), "3b": (64, 4, 128, 256), "7b": (64, 4, 128, 256),
-             "tiny": (4, 2, 16, 16)}
+WORKLOADS = {
+    "0.5b": (64, 4, 128, 256),
+    "1.5b": (64, 4, 128, 256),
+    "3b": (64, 4, 128, 256),
+    "7b": (64, 4, 128, 256),
+    "tiny": (4, 2, 16, 16),
+}
 
 REWARD = '''
 def score(data_source, solution_str, ground_truth, extra_info=None):
@@ -108,8 +129,15 @@ def model_config(shape: str):
     from transformers import Qwen2Config
 
     tok_pad = SHAPES[shape]["vocab_size"] - 1
-    return Qwen2Config(**config_kwargs(SHAPES[shape], max_position_embeddings=4096, bos_token_id=None, eos_token_id=None,
-                                       pad_token_id=tok_pad))
+    return Qwen2Config(
+        **config_kwargs(
+            SHAPES[shape],
+            max_position_embeddings=4096,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=tok_pad,
+        )
+    )
 
 
 def random_model(shape: str, device: str, dtype):
@@ -195,7 +223,9 @@ def run_trl(args, prompts: list[str]) -> dict:
     if args.lora:
         from peft import LoraConfig
 
-        peft_config = LoraConfig(r=args.lora, lora_alpha=2 * args.lora, target_modules="all-linear", task_type="CAUSAL_LM")
+        peft_config = LoraConfig(
+            r=args.lora, lora_alpha=2 * args.lora, target_modules="all-linear", task_type="CAUSAL_LM"
+        )
 
     def reward(completions, **kwargs):
         out = []
@@ -221,7 +251,11 @@ def run_trl(args, prompts: list[str]) -> dict:
     if (P * S) % micro:
         raise SystemExit(f"--trl-micro-batch {micro} must divide {P * S}")
     out_dir = Path(tempfile.mkdtemp(prefix="trl-", dir=args.out))
-    vllm = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=args.trl_vllm_memory) if args.only == "trl-vllm" else {}
+    vllm = (
+        dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=args.trl_vllm_memory)
+        if args.only == "trl-vllm"
+        else {}
+    )
     if vllm:  # vLLM loads the model by its path (TRL then syncs the trainer's weights into it)
         model_dir = args.out / f"trl-model-{args.shape}"
         model.save_pretrained(model_dir)
@@ -233,7 +267,9 @@ def run_trl(args, prompts: list[str]) -> dict:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        os.environ.update(
+            RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        )
     config = GRPOConfig(
         output_dir=str(out_dir),
         per_device_train_batch_size=micro,
@@ -261,8 +297,15 @@ def run_trl(args, prompts: list[str]) -> dict:
     timer = StepTimer()
     dataset = Dataset.from_dict({"prompt": prompts * (args.trl_steps if vllm else 1)})
     _reset_peak(args.device)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[timer], peft_config=peft_config)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[timer],
+        peft_config=peft_config,
+    )
     start = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - start
@@ -270,7 +313,9 @@ def run_trl(args, prompts: list[str]) -> dict:
     steady = sorted(timer.times[1:]) or timer.times
     result = {
         "setup": "vLLM colocated" if vllm else "transformers generate",
-        "precision": "bf16 autocast over float32 weights" if bf16 and cuda else "float32" + ("+TF32" if cuda else ""),
+        "precision": "bf16 autocast over float32 weights"
+        if bf16 and cuda
+        else "float32" + ("+TF32" if cuda else ""),
         "step_times_s": timer.times,
         # With vLLM: the median step after the first (steady state); without: the first step.
         "step_s": steady[len(steady) // 2] if vllm else timer.times[0],
@@ -298,18 +343,32 @@ def registry():
     from rlcore.registry import Registry
 
     reg = Registry.discover()
-    for plugin, kind, name in (("rollout_hf", "rollout_engine", "hf"), ("algo_grpo", "advantage_estimator", "grpo")):
+    for plugin, kind, name in (
+        ("rollout_hf", "rollout_engine", "hf"),
+        ("algo_grpo", "advantage_estimator", "grpo"),
+    ):
         if name in reg.components(kind):
             continue
         src = ROOT / "plugins" / plugin / "src"
         if str(src) not in sys.path:
             sys.path.insert(0, str(src))
-        reg.register(importlib.import_module(f"rlcore_{plugin}.plugin"), name=plugin, distribution=f"rlcore-{plugin.replace('_', '-')}")
+        reg.register(
+            importlib.import_module(f"rlcore_{plugin}.plugin"),
+            name=plugin,
+            distribution=f"rlcore-{plugin.replace('_', '-')}",
+        )
     return reg
 
 
-def write_manifest(args, shape: str, model_dir: Path, tokenizer_dir: Path, work: Path, prompts: list[str],
-                   model_options: list[str]) -> Path:
+def write_manifest(
+    args,
+    shape: str,
+    model_dir: Path,
+    tokenizer_dir: Path,
+    work: Path,
+    prompts: list[str],
+    model_options: list[str],
+) -> Path:
     P, S, T, R = args.workload
     data = work / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": p, "ground_truth": "0"}) + "\n" for p in prompts))
@@ -344,7 +403,7 @@ samples_per_prompt = {S}
 temperature = 1.0
 {engine}
 [reward]
-function = "python:{work / 'reward.py'}:score"
+function = "python:{work / "reward.py"}:score"
 [algorithm]
 advantage = "grpo"
 policy_loss = "ppo_clip"
@@ -375,8 +434,10 @@ def run_rlcore(args, shape: str, prompts: list[str], model_options: list[str] | 
     model_dir, tokenizer_dir = save_model_dir(shape, args.out / f"model-{shape}", args.device)
     merged = dict(kv.split("=", 1) for kv in [*args.model_option, *(model_options or [])])  # a later key wins
     model_options = [f"{k}={v}" for k, v in merged.items()]
-    manifest = load_manifest(write_manifest(args, shape, model_dir, tokenizer_dir, work, prompts, model_options),
-                             registry=registry())
+    manifest = load_manifest(
+        write_manifest(args, shape, model_dir, tokenizer_dir, work, prompts, model_options),
+        registry=registry(),
+    )
     run_dir = work / "run"
     prepare_run_dir(manifest, run_dir, resume=False)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -390,15 +451,18 @@ def run_rlcore(args, shape: str, prompts: list[str], model_options: list[str] | 
             trainer.step += 1
             metrics["peak_gib"] = _peak_gib(args.device)
             steps.append(metrics)
-            print(f"  rlcore {shape} step {i + 1}{' (warm-up)' if i < args.warmup else ''}: "
-                  f"{metrics['timing_s/step']:.3f} s (gen {metrics.get('timing_s/gen', 0):.3f}, "
-                  f"update {metrics.get('timing_s/update_actor', 0):.3f}), "
-                  f"response length {metrics.get('response_length/mean', 0):.0f}", flush=True)
+            print(
+                f"  rlcore {shape} step {i + 1}{' (warm-up)' if i < args.warmup else ''}: "
+                f"{metrics['timing_s/step']:.3f} s (gen {metrics.get('timing_s/gen', 0):.3f}, "
+                f"update {metrics.get('timing_s/update_actor', 0):.3f}), "
+                f"response length {metrics.get('response_length/mean', 0):.0f}",
+                flush=True,
+            )
         training = measure_training(args, trainer) if not args.skip_train_only else None
         params = sum(p.numel() for p in trainer.actor.module.parameters())
     finally:
         trainer.close()  # the sinks, the reward workers, a background rollout thread, an engine process
-    timed = steps[args.warmup:] or steps
+    timed = steps[args.warmup :] or steps
     mean = lambda key: sum(m.get(key, 0.0) for m in timed) / len(timed)  # noqa: E731
     result = {
         "shape": shape,
@@ -409,11 +473,24 @@ def run_rlcore(args, shape: str, prompts: list[str], model_options: list[str] | 
         "reward_s": mean("timing_s/reward"),
         "update_actor_s": mean("timing_s/update_actor"),
         "update_weights_s": mean("timing_s/update_weights"),
-        "other_s": mean("timing_s/step") - sum(mean(k) for k in ("timing_s/gen", "timing_s/reward", "timing_s/update_actor", "timing_s/update_weights")),
+        "other_s": mean("timing_s/step")
+        - sum(
+            mean(k)
+            for k in ("timing_s/gen", "timing_s/reward", "timing_s/update_actor", "timing_s/update_weights")
+        ),
         "response_length": mean("response_length/mean"),
         "logprob_diff": mean("rollout_corr/logprob_diff/mean"),
         "peak_gib": max((m["peak_gib"] for m in timed if m["peak_gib"] is not None), default=None),
-        "steps": [{k: v for k, v in m.items() if k.startswith(("timing_s/", "actor/", "async/", "rollout/staleness", "peak_gib", "response_length/mean"))} for m in steps],
+        "steps": [
+            {
+                k: v
+                for k, v in m.items()
+                if k.startswith(
+                    ("timing_s/", "actor/", "async/", "rollout/staleness", "peak_gib", "response_length/mean")
+                )
+            }
+            for m in steps
+        ],
         "training": training,
     }
     del trainer
@@ -439,8 +516,14 @@ def measure_training(args, trainer) -> dict:
     for _p in range(P):
         prompt = Prompt(token_ids=torch.randint(0, vocab, (T,), generator=g).tolist(), messages=[])
         for _ in range(S):
-            trajectories.append(Trajectory(prompt=prompt, response_ids=torch.randint(0, vocab, (R,), generator=g).tolist(),
-                                           response_mask=[1] * R, rollout_logprobs=[-11.0] * R))
+            trajectories.append(
+                Trajectory(
+                    prompt=prompt,
+                    response_ids=torch.randint(0, vocab, (R,), generator=g).tolist(),
+                    response_mask=[1] * R,
+                    rollout_logprobs=[-11.0] * R,
+                )
+            )
     scores = torch.rand(len(trajectories), generator=g).tolist()
     batch = build_batch(trajectories, scores, S)
     trainer._advantages(batch, {})
@@ -481,9 +564,11 @@ def _fmt(value, spec: str, unit: str = "") -> str:
 def report(results: dict, args) -> None:
     P, S, T, R = args.workload
     storage, compute = PRECISIONS[args.precision]
-    print(f"\nGRPO step: {P} prompts x {S} samples, {T}-token prompts, {R}-token responses, one optimizer step, "
-          f"no KL; device {args.device}; rlcore: {storage} weights and optimizer state, {compute} compute; "
-          f"options {results['rlcore_options']}")
+    print(
+        f"\nGRPO step: {P} prompts x {S} samples, {T}-token prompts, {R}-token responses, one optimizer step, "
+        f"no KL; device {args.device}; rlcore: {storage} weights and optimizer state, {compute} compute; "
+        f"options {results['rlcore_options']}"
+    )
     rows = []
     peers = [(key, results[key]) for key in ("trl", "trl_vllm") if results.get(key)]
     for key, trl in peers:
@@ -494,33 +579,49 @@ def report(results: dict, args) -> None:
         r = results.get(key)
         if r:
             options = f", {', '.join(r['model_options'])}" if r.get("model_options") else ""
-            rows.append((f"rlcore step (mean of {args.steps}, after {args.warmup} warm-up{options})", r["shape"], r["step_s"],
-                         r["gen_s"], r["update_actor_s"], r["peak_gib"]))
+            rows.append(
+                (
+                    f"rlcore step (mean of {args.steps}, after {args.warmup} warm-up{options})",
+                    r["shape"],
+                    r["step_s"],
+                    r["gen_s"],
+                    r["update_actor_s"],
+                    r["peak_gib"],
+                )
+            )
     print(f"{'what':<96} {'shape':>6} {'step s':>8} {'gen s':>8} {'train s':>8} {'peak GiB':>9}")
     for what, shape, step, gen, train, peak in rows:
-        print(f"{what:<96} {shape:>6} {_fmt(step, '.3f'):>8} {_fmt(gen, '.3f'):>8} {_fmt(train, '.3f'):>8} {_fmt(peak, '.1f'):>9}")
+        print(
+            f"{what:<96} {shape:>6} {_fmt(step, '.3f'):>8} {_fmt(gen, '.3f'):>8} {_fmt(train, '.3f'):>8} {_fmt(peak, '.1f'):>9}"
+        )
     goals = {"trl": 5, "trl_vllm": 3}
     for key, trl in peers:
         for ours in ("rlcore", "rlcore_unshared"):
             if results.get(ours):
                 ratio = trl["step_s"] / results[ours]["step_s"]
                 results[f"ratio_{key}_over_{ours}"] = ratio
-                print(f"\nTRL ({trl['setup']}) / {ours} step time: {ratio:.2f}x (goal: at least {goals[key]}x); "
-                      f"TRL step times {', '.join(f'{t:.2f}' for t in trl['step_times_s'])} s")
+                print(
+                    f"\nTRL ({trl['setup']}) / {ours} step time: {ratio:.2f}x (goal: at least {goals[key]}x); "
+                    f"TRL step times {', '.join(f'{t:.2f}' for t in trl['step_times_s'])} s"
+                )
     for key in ("rlcore", "rlcore_unshared", "rlcore_1.5b"):
         r = results.get(key)
         if r and r.get("training"):
             t = r["training"]
-            print(f"\nactor update alone ({key}, {r['shape']}, {t['tokens']} tokens, {t.get('packed_tokens', '-')} packed, "
-                  f"N = {r['parameters'] / 1e6:.1f}M "
-                  f"parameters, tied embedding once): {t['seconds'] * 1e3:.1f} ms, {t['tokens_per_s']:,.0f} tokens/s, "
-                  f"{t['tflops']:.1f} TFLOP/s by 6N over all tokens, MFU {_fmt(t['mfu'] and 100 * t['mfu'], '.1f', '%')} "
-                  f"of {PEAK_TFLOPS.get(args.device.split(':')[0], '-')} TFLOP/s; peak {_fmt(t['peak_gib'], '.1f', ' GiB')}")
+            print(
+                f"\nactor update alone ({key}, {r['shape']}, {t['tokens']} tokens, {t.get('packed_tokens', '-')} packed, "
+                f"N = {r['parameters'] / 1e6:.1f}M "
+                f"parameters, tied embedding once): {t['seconds'] * 1e3:.1f} ms, {t['tokens_per_s']:,.0f} tokens/s, "
+                f"{t['tflops']:.1f} TFLOP/s by 6N over all tokens, MFU {_fmt(t['mfu'] and 100 * t['mfu'], '.1f', '%')} "
+                f"of {PEAK_TFLOPS.get(args.device.split(':')[0], '-')} TFLOP/s; peak {_fmt(t['peak_gib'], '.1f', ' GiB')}"
+            )
         if r:
-            print(f"rlcore {r['shape']} step split: gen {r['gen_s']:.3f} s, reward {r['reward_s']:.3f} s, "
-                  f"actor update {r['update_actor_s']:.3f} s, weight sync {r['update_weights_s']:.3f} s, "
-                  f"other {r['other_s']:.3f} s; mean response length {r['response_length']:.1f}; "
-                  f"rollout/trainer log-prob gap {_fmt(r.get('logprob_diff'), '.4f')} (mean |diff|)")
+            print(
+                f"rlcore {r['shape']} step split: gen {r['gen_s']:.3f} s, reward {r['reward_s']:.3f} s, "
+                f"actor update {r['update_actor_s']:.3f} s, weight sync {r['update_weights_s']:.3f} s, "
+                f"other {r['other_s']:.3f} s; mean response length {r['response_length']:.1f}; "
+                f"rollout/trainer log-prob gap {_fmt(r.get('logprob_diff'), '.4f')} (mean |diff|)"
+            )
 
 
 def run_trl_vllm_child(args) -> dict:
@@ -528,10 +629,32 @@ def run_trl_vllm_child(args) -> dict:
     import subprocess
 
     out = args.out / "trl-vllm.json"
-    command = [sys.executable, __file__, "--only", "trl-vllm", "--shape", args.shape, "--device", args.device,
-               "--workload", *map(str, args.workload), "--trl-steps", str(args.trl_steps), "--trl-precision", args.trl_precision,
-               "--trl-micro-batch", str(args.trl_micro_batch), "--trl-vllm-memory", str(args.trl_vllm_memory),
-               "--out", str(args.out), "--json", str(out), "--lora", str(args.lora)]
+    command = [
+        sys.executable,
+        __file__,
+        "--only",
+        "trl-vllm",
+        "--shape",
+        args.shape,
+        "--device",
+        args.device,
+        "--workload",
+        *map(str, args.workload),
+        "--trl-steps",
+        str(args.trl_steps),
+        "--trl-precision",
+        args.trl_precision,
+        "--trl-micro-batch",
+        str(args.trl_micro_batch),
+        "--trl-vllm-memory",
+        str(args.trl_vllm_memory),
+        "--out",
+        str(args.out),
+        "--json",
+        str(out),
+        "--lora",
+        str(args.lora),
+    ]
     if args.trl_no_gradient_checkpointing:
         command.append("--trl-no-gradient-checkpointing")
     subprocess.run(command, check=True)
@@ -541,39 +664,101 @@ def run_trl_vllm_child(args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="0.5b", choices=sorted(SHAPES))
-    parser.add_argument("--also-1.5b", dest="also_15b", action="store_true", help="after the 0.5b runs, the rlcore step at 1.5b too")
+    parser.add_argument(
+        "--also-1.5b",
+        dest="also_15b",
+        action="store_true",
+        help="after the 0.5b runs, the rlcore step at 1.5b too",
+    )
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--steps", type=int, default=3, help="timed rlcore steps")
-    parser.add_argument("--warmup", type=int, default=1, help="rlcore steps run first and left out of the mean")
-    parser.add_argument("--train-iters", type=int, default=3, help="timed actor updates in (c), after one warm-up")
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="rlcore steps run first and left out of the mean"
+    )
+    parser.add_argument(
+        "--train-iters", type=int, default=3, help="timed actor updates in (c), after one warm-up"
+    )
     parser.add_argument("--skip-trl", action="store_true")
-    parser.add_argument("--skip-train-only", action="store_true", help="skip the actor-update-alone measurement")
-    parser.add_argument("--workload", type=int, nargs=4, metavar=("PROMPTS", "SAMPLES", "PROMPT_TOKENS", "RESPONSE_TOKENS"))
-    parser.add_argument("--precision", default=None, choices=sorted(PRECISIONS),
-                        help="rlcore: mixed = float32 weights, bf16 compute (default on cuda); float32; bf16 = bf16 weights (no master)")
-    parser.add_argument("--trl-precision", default="bf16", choices=["bf16", "fp32"],
-                        help="TRL: bf16 = bf16=True (autocast over float32 weights, the like of --precision mixed); fp32 = float32 with TF32")
-    parser.add_argument("--trl-vllm", action="store_true", help="also TRL with vLLM colocated (a child process)")
-    parser.add_argument("--trl-steps", type=int, default=6, help="TRL steps with vLLM; the median after the first is reported")
-    parser.add_argument("--trl-vllm-memory", type=float, default=0.3, help="TRL's vllm_gpu_memory_utilization")
+    parser.add_argument(
+        "--skip-train-only", action="store_true", help="skip the actor-update-alone measurement"
+    )
+    parser.add_argument(
+        "--workload", type=int, nargs=4, metavar=("PROMPTS", "SAMPLES", "PROMPT_TOKENS", "RESPONSE_TOKENS")
+    )
+    parser.add_argument(
+        "--precision",
+        default=None,
+        choices=sorted(PRECISIONS),
+        help="rlcore: mixed = float32 weights, bf16 compute (default on cuda); float32; bf16 = bf16 weights (no master)",
+    )
+    parser.add_argument(
+        "--trl-precision",
+        default="bf16",
+        choices=["bf16", "fp32"],
+        help="TRL: bf16 = bf16=True (autocast over float32 weights, the like of --precision mixed); fp32 = float32 with TF32",
+    )
+    parser.add_argument(
+        "--trl-vllm", action="store_true", help="also TRL with vLLM colocated (a child process)"
+    )
+    parser.add_argument(
+        "--trl-steps", type=int, default=6, help="TRL steps with vLLM; the median after the first is reported"
+    )
+    parser.add_argument(
+        "--trl-vllm-memory", type=float, default=0.3, help="TRL's vllm_gpu_memory_utilization"
+    )
     parser.add_argument("--only", choices=["trl-vllm"], default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--attn", default=None, help="[model] attn_implementation for rlcore (default: transformers' choice)")
+    parser.add_argument(
+        "--attn", default=None, help="[model] attn_implementation for rlcore (default: transformers' choice)"
+    )
     parser.add_argument("--gradient-checkpointing", action="store_true")
-    parser.add_argument("--lora", type=int, default=0, metavar="RANK",
-                        help="LoRA of this rank on every linear layer (alpha = 2 x rank) on both sides; TRL through peft")
+    parser.add_argument(
+        "--lora",
+        type=int,
+        default=0,
+        metavar="RANK",
+        help="LoRA of this rank on every linear layer (alpha = 2 x rank) on both sides; TRL through peft",
+    )
     parser.add_argument("--micro-batch-tokens", type=int, default=4096)
-    parser.add_argument("--model-option", action="append", default=[], metavar="KEY=TOML",
-                        help="extra [model] keys for rlcore (e.g. share_prompts=false)")
-    parser.add_argument("--also-unshared", action="store_true",
-                        help="run rlcore's step again with [model] share_prompts = false, side by side")
-    parser.add_argument("--trainer-option", action="append", default=[], metavar="KEY=TOML",
-                        help="extra [trainer] keys (e.g. profile_steps=[2])")
-    parser.add_argument("--engine", default="hf", help="rlcore's [rollout] engine (hf, or vllm where installed)")
-    parser.add_argument("--engine-option", action="append", default=[], metavar="KEY=TOML",
-                        help="an option of the hf engine, e.g. max_batch_size=256 (repeatable)")
-    parser.add_argument("--trl-micro-batch", type=int, default=64,
-                        help="TRL per_device_train_batch_size; gradient accumulation makes up the rest of the batch (one optimizer step)")
-    parser.add_argument("--trl-no-gradient-checkpointing", action="store_true", help="turn off TRL's default gradient checkpointing")
+    parser.add_argument(
+        "--model-option",
+        action="append",
+        default=[],
+        metavar="KEY=TOML",
+        help="extra [model] keys for rlcore (e.g. share_prompts=false)",
+    )
+    parser.add_argument(
+        "--also-unshared",
+        action="store_true",
+        help="run rlcore's step again with [model] share_prompts = false, side by side",
+    )
+    parser.add_argument(
+        "--trainer-option",
+        action="append",
+        default=[],
+        metavar="KEY=TOML",
+        help="extra [trainer] keys (e.g. profile_steps=[2])",
+    )
+    parser.add_argument(
+        "--engine", default="hf", help="rlcore's [rollout] engine (hf, or vllm where installed)"
+    )
+    parser.add_argument(
+        "--engine-option",
+        action="append",
+        default=[],
+        metavar="KEY=TOML",
+        help="an option of the hf engine, e.g. max_batch_size=256 (repeatable)",
+    )
+    parser.add_argument(
+        "--trl-micro-batch",
+        type=int,
+        default=64,
+        help="TRL per_device_train_batch_size; gradient accumulation makes up the rest of the batch (one optimizer step)",
+    )
+    parser.add_argument(
+        "--trl-no-gradient-checkpointing",
+        action="store_true",
+        help="turn off TRL's default gradient checkpointing",
+    )
     parser.add_argument("--out", type=Path, default=None, help="working directory (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args()
@@ -588,12 +773,22 @@ def main() -> None:
     P, S, T, R = args.workload
     prompts = prompt_texts(P, T, SHAPES[args.shape]["vocab_size"])
 
-    results: dict = {"device": args.device, "workload": dict(prompts=P, samples=S, prompt_tokens=T, response_tokens=R),
-                     "shape": args.shape, "precision": args.precision, "trl_precision": args.trl_precision, "torch": torch.__version__,
-                     "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
-                     "rlcore_options": {"attn_implementation": args.attn, "micro_batch_tokens": args.micro_batch_tokens,
-                                        "gradient_checkpointing": args.gradient_checkpointing, "engine": args.engine_option,
-                                        "lora_rank": args.lora or None}}
+    results: dict = {
+        "device": args.device,
+        "workload": dict(prompts=P, samples=S, prompt_tokens=T, response_tokens=R),
+        "shape": args.shape,
+        "precision": args.precision,
+        "trl_precision": args.trl_precision,
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+        "rlcore_options": {
+            "attn_implementation": args.attn,
+            "micro_batch_tokens": args.micro_batch_tokens,
+            "gradient_checkpointing": args.gradient_checkpointing,
+            "engine": args.engine_option,
+            "lora_rank": args.lora or None,
+        },
+    }
     if args.only == "trl-vllm":
         import trl
 

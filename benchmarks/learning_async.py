@@ -30,8 +30,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(manifest: Path, mode: str, steps: int, run_dir: Path) -> list[dict]:
-    cmd = [sys.executable, "-m", "rlcore", "run", str(manifest), "--run-dir", str(run_dir),
-           "--set", f"trainer.steps={steps}", "--set", "trainer.save_every=0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlcore",
+        "run",
+        str(manifest),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        f"trainer.steps={steps}",
+        "--set",
+        "trainer.save_every=0",
+    ]
     placement, _, staleness = mode.rpartition(":") if mode.startswith("split") else ("", "", mode)
     if placement:  # split:N or split:sync, the engine in its own process
         cmd += ["--set", 'rollout.placement="split"']
@@ -44,10 +55,16 @@ def run(manifest: Path, mode: str, steps: int, run_dir: Path) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--manifest", type=Path, default=ROOT / "examples" / "quickstart.toml")
-    parser.add_argument("--modes", default="sync,1", help="comma-separated: sync and/or max_staleness values, each "
-                        "optionally as split:MODE (the engine in a process of its own, [rollout] placement = \"split\")")
+    parser.add_argument(
+        "--modes",
+        default="sync,1",
+        help="comma-separated: sync and/or max_staleness values, each "
+        'optionally as split:MODE (the engine in a process of its own, [rollout] placement = "split")',
+    )
     parser.add_argument("--steps", type=int, default=14)
-    parser.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary directory)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="keep the runs here (default: a temporary directory)"
+    )
     args = parser.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     results = {}
@@ -68,7 +85,9 @@ def main() -> None:
     print("\nmode        validation reward (step: reward)            mean staleness  s/step  vs first")
     for mode, r in results.items():
         val = ", ".join(f"{s}: {v:.3f}" for s, v in r["val"])
-        print(f"{mode:<10}  {val:<42}  {r['staleness']:<14.2f}  {r['step_s']:<6.1f}  {first / r['step_s']:.2f}x")
+        print(
+            f"{mode:<10}  {val:<42}  {r['staleness']:<14.2f}  {r['step_s']:<6.1f}  {first / r['step_s']:.2f}x"
+        )
     for mode, r in results.items():
         print(f"training reward per step, {mode}: {r['train']}")
 

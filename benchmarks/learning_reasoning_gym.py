@@ -26,8 +26,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-GPU = ["data.prompts_per_step=128", "rollout.samples_per_prompt=8", "data.val.size=256", "trainer.lr=1e-5",
-       "trainer.micro_batch_tokens=16384"]
+GPU = [
+    "data.prompts_per_step=128",
+    "rollout.samples_per_prompt=8",
+    "data.val.size=256",
+    "trainer.lr=1e-5",
+    "trainer.micro_batch_tokens=16384",
+]
 
 
 def main() -> None:
@@ -36,13 +41,29 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--eval-every", type=int, default=7)
     parser.add_argument("--gpu", action="store_true", help="the GPU-sized settings above")
-    parser.add_argument("--out", type=Path, default=None, help="keep the run here (default: a temporary directory)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="keep the run here (default: a temporary directory)"
+    )
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.KEY=VALUE",
-                        help="more manifest overrides (a smaller batch on a busy CPU: --set data.prompts_per_step=8)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="TABLE.KEY=VALUE",
+        help="more manifest overrides (a smaller batch on a busy CPU: --set data.prompts_per_step=8)",
+    )
     args = parser.parse_args()
-    sets = [f"trainer.steps={args.steps}", f"trainer.eval_every={args.eval_every}", "trainer.save_every=0",
-            'trainer.loggers=["jsonl"]'] + (GPU if args.gpu else []) + args.overrides
+    sets = (
+        [
+            f"trainer.steps={args.steps}",
+            f"trainer.eval_every={args.eval_every}",
+            "trainer.save_every=0",
+            'trainer.loggers=["jsonl"]',
+        ]
+        + (GPU if args.gpu else [])
+        + args.overrides
+    )
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = args.out or Path(tmp) / "run"
         cmd = [sys.executable, "-m", "rlcore", "run", str(args.manifest), "--run-dir", str(run_dir)]
@@ -51,13 +72,22 @@ def main() -> None:
         started = time.monotonic()
         subprocess.run(cmd, check=True)
         wall = time.monotonic() - started
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    val = [{k: v for k, v in r.items() if k == "step" or (k.startswith("val/") and "reward/mean" in k)}
-           for r in rows if "val/reward/mean" in r]
+        rows = [
+            json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
+        ]
+    val = [
+        {k: v for k, v in r.items() if k == "step" or (k.startswith("val/") and "reward/mean" in k)}
+        for r in rows
+        if "val/reward/mean" in r
+    ]
     train = [(r["step"], r.get("critic/score/mean")) for r in rows if "actor/pg_loss" in r]
     step_times = [r["timing_s/step"] for r in rows if "timing_s/step" in r]
-    result = {"validation": val, "train_reward": train, "wall_s": round(wall, 1),
-              "mean_step_s": round(sum(step_times) / len(step_times), 2) if step_times else None}
+    result = {
+        "validation": val,
+        "train_reward": train,
+        "wall_s": round(wall, 1),
+        "mean_step_s": round(sum(step_times) / len(step_times), 2) if step_times else None,
+    }
     if args.json:
         print(json.dumps(result, indent=2))
         return

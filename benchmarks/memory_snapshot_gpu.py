@@ -34,10 +34,14 @@ def load_snapshot(path: Path) -> dict:
     with path.open("rb") as f:
         snapshot = pickle.load(f)
     if not isinstance(snapshot, dict) or "segments" not in snapshot:
-        fail(f"{path} holds no 'segments' (keys: {sorted(snapshot) if isinstance(snapshot, dict) else type(snapshot)})")
+        fail(
+            f"{path} holds no 'segments' (keys: {sorted(snapshot) if isinstance(snapshot, dict) else type(snapshot)})"
+        )
     events = sum(len(trace) for trace in snapshot.get("device_traces", []))
-    print(f"  {path}: {path.stat().st_size / 2**20:.2f} MiB, {len(snapshot['segments'])} segments, "
-          f"{events} allocator events")
+    print(
+        f"  {path}: {path.stat().st_size / 2**20:.2f} MiB, {len(snapshot['segments'])} segments, "
+        f"{events} allocator events"
+    )
     return snapshot
 
 
@@ -46,8 +50,9 @@ def step_snapshot(out: Path, model: Path) -> None:
 
     directory = out / "steps"
     directory.mkdir(parents=True, exist_ok=True)
-    manifest = write_run_manifest(directory, model, run={"device": "cuda"},
-                                  trainer={"steps": 2, "memory_snapshot_steps": [2]})
+    manifest = write_run_manifest(
+        directory, model, run={"device": "cuda"}, trainer={"steps": 2, "memory_snapshot_steps": [2]}
+    )
     run_dir = directory / "run"
     print(f"1. rlcore run {manifest} (memory_snapshot_steps = [2])", flush=True)
     proc = subprocess.run([sys.executable, "-m", "rlcore", "run", str(manifest), "--run-dir", str(run_dir)])
@@ -77,8 +82,9 @@ def oom_snapshot(out: Path, model: Path) -> None:
 
     directory = out / "oom"
     directory.mkdir(parents=True, exist_ok=True)
-    manifest = write_run_manifest(directory, model, run={"device": "cuda"},
-                                  trainer={"steps": 2, "memory_snapshot_on_oom": True})
+    manifest = write_run_manifest(
+        directory, model, run={"device": "cuda"}, trainer={"steps": 2, "memory_snapshot_on_oom": True}
+    )
     run_dir = directory / "run"
     print(f"2. rlcore run {manifest} (memory_snapshot_on_oom = true; the update asks for 1 PiB)", flush=True)
     rl.RLTrainer.update_actor = update_actor
@@ -97,14 +103,18 @@ def oom_snapshot(out: Path, model: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=None, help="where the model and runs go (default: a temporary directory)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="where the model and runs go (default: a temporary directory)"
+    )
     parser.add_argument("--no-oom", action="store_true", help="skip the out-of-memory check")
     args = parser.parse_args()
     import torch
 
     if not torch.cuda.is_available():
-        sys.exit("memory_snapshot_gpu.py: needs a CUDA device, and torch.cuda.is_available() is False here "
-                 f"(torch {torch.__version__}); run it on a GPU machine")
+        sys.exit(
+            "memory_snapshot_gpu.py: needs a CUDA device, and torch.cuda.is_available() is False here "
+            f"(torch {torch.__version__}); run it on a GPU machine"
+        )
     from rlcore.testing.models import make_tiny_model
 
     out = (args.out or Path(tempfile.mkdtemp(prefix="memory-snapshot-"))).resolve()

@@ -26,20 +26,30 @@ from model_shapes import QWEN2_5_0_5B  # benchmarks/ is the script directory, so
 
 SHAPES = {
     "qwen2.5-0.5b": QWEN2_5_0_5B,
-    "small": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
+    "small": dict(
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    ),
 }
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
-REWARD = '''
+REWARD = """
 def score(data_source, solution_str, ground_truth, extra_info=None):
     text = solution_str.replace(" ", "")
     upper = sum(c.isupper() for c in text) / len(text) if text else 0.0
     return float(ground_truth) / 18.0 + upper
-'''
+"""
 
 
 # --precision -> ([model] dtype, [model] compute_dtype): what is stored, what is computed.
-PRECISIONS = {"mixed": ("float32", "bfloat16"), "float32": ("float32", "float32"), "bf16": ("bfloat16", "bfloat16")}
+PRECISIONS = {
+    "mixed": ("float32", "bfloat16"),
+    "float32": ("float32", "float32"),
+    "bf16": ("bfloat16", "bfloat16"),
+}
 
 
 def build_model(target: Path, tokenizer_dir: Path, shape: str, dtype: str) -> None:
@@ -47,9 +57,17 @@ def build_model(target: Path, tokenizer_dir: Path, shape: str, dtype: str) -> No
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    shape_kwargs = {**SHAPES[shape], "vocab_size": len(tokenizer)}  # the tokenizer's vocabulary, not the shape's
-    config = Qwen2Config(tie_word_embeddings=True, max_position_embeddings=4096,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **shape_kwargs)
+    shape_kwargs = {
+        **SHAPES[shape],
+        "vocab_size": len(tokenizer),
+    }  # the tokenizer's vocabulary, not the shape's
+    config = Qwen2Config(
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **shape_kwargs,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
     model.save_pretrained(target)
@@ -98,9 +116,21 @@ def run(manifest_path: Path, run_dir: Path, ranks: int) -> float:
     start = time.perf_counter()
     procs = []
     for rank in range(ranks):
-        env = {**os.environ, **NO_MULTICAST, "RANK": str(rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, "-m", "rlcore", "run", str(manifest_path), "--run-dir", str(run_dir)], env=env))
+        env = {
+            **os.environ,
+            **NO_MULTICAST,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(ranks),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "rlcore", "run", str(manifest_path), "--run-dir", str(run_dir)],
+                env=env,
+            )
+        )
     codes = [p.wait() for p in procs]
     if any(codes):
         raise SystemExit(f"{ranks}-rank run failed: exit codes {codes}")
@@ -108,7 +138,11 @@ def run(manifest_path: Path, run_dir: Path, ranks: int) -> float:
 
 
 def rows(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "critic/score/mean" in line]
+    return [
+        json.loads(line)
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if "critic/score/mean" in line
+    ]
 
 
 def main() -> None:
@@ -116,9 +150,13 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--tokenizer", type=Path, required=True)
     parser.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(SHAPES))
-    parser.add_argument("--precision", default="mixed", choices=sorted(PRECISIONS),
-                        help="mixed = float32 weights and optimizer state, bf16 compute (the CUDA default); "
-                        "float32; bf16 = bf16 weights, no master (does not learn at RL learning rates)")
+    parser.add_argument(
+        "--precision",
+        default="mixed",
+        choices=sorted(PRECISIONS),
+        help="mixed = float32 weights and optimizer state, bf16 compute (the CUDA default); "
+        "float32; bf16 = bf16 weights, no master (does not learn at RL learning rates)",
+    )
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--response-tokens", type=int, default=128)
@@ -135,20 +173,31 @@ def main() -> None:
         wall = run(path, run_dir, ranks)
         results[ranks] = (wall, rows(run_dir))
     one, many = results[1][1], results[args.gpus][1]
-    print(f"\nGRPO-style step, {args.shape} ({args.precision}), {args.prompts} prompts x {args.response_tokens} tokens, greedy")
-    print(f"{'step':>4} {'score 1':>9} {'score N':>9} {'pg_loss 1':>11} {'pg_loss N':>11} {'gnorm 1':>9} {'gnorm N':>9} {'step_s 1':>9} {'step_s N':>9}")
+    print(
+        f"\nGRPO-style step, {args.shape} ({args.precision}), {args.prompts} prompts x {args.response_tokens} tokens, greedy"
+    )
+    print(
+        f"{'step':>4} {'score 1':>9} {'score N':>9} {'pg_loss 1':>11} {'pg_loss N':>11} {'gnorm 1':>9} {'gnorm N':>9} {'step_s 1':>9} {'step_s N':>9}"
+    )
     for a, b in zip(one, many):
-        print(f"{a['step']:>4} {a['critic/score/mean']:>9.4f} {b['critic/score/mean']:>9.4f} {a['actor/pg_loss']:>11.3e} "
-              f"{b['actor/pg_loss']:>11.3e} {a['actor/grad_norm']:>9.4f} {b['actor/grad_norm']:>9.4f} "
-              f"{a['timing_s/step']:>9.2f} {b['timing_s/step']:>9.2f}")
+        print(
+            f"{a['step']:>4} {a['critic/score/mean']:>9.4f} {b['critic/score/mean']:>9.4f} {a['actor/pg_loss']:>11.3e} "
+            f"{b['actor/pg_loss']:>11.3e} {a['actor/grad_norm']:>9.4f} {b['actor/grad_norm']:>9.4f} "
+            f"{a['timing_s/step']:>9.2f} {b['timing_s/step']:>9.2f}"
+        )
     later = lambda rs: rs[1:] if len(rs) > 1 else rs  # noqa: E731  (the first step includes warm-up)
     t1 = sum(r["timing_s/step"] for r in later(one)) / len(later(one))
     tn = sum(r["timing_s/step"] for r in later(many)) / len(later(many))
     score_diff = max(abs(a["critic/score/mean"] - b["critic/score/mean"]) for a, b in zip(one, many))
-    gn_diff = max(abs(a["actor/grad_norm"] - b["actor/grad_norm"]) / max(abs(a["actor/grad_norm"]), 1e-12) for a, b in zip(one, many))
+    gn_diff = max(
+        abs(a["actor/grad_norm"] - b["actor/grad_norm"]) / max(abs(a["actor/grad_norm"]), 1e-12)
+        for a, b in zip(one, many)
+    )
     print(f"\nmax |score 1 - score N| = {score_diff:.2e}; max relative grad-norm difference = {gn_diff:.2e}")
-    print(f"mean step time after the first: 1 GPU {t1:.2f} s, {args.gpus} GPUs {tn:.2f} s; "
-          f"speed-up {t1 / tn:.2f}x, scaling efficiency {t1 / tn / args.gpus:.0%}")
+    print(
+        f"mean step time after the first: 1 GPU {t1:.2f} s, {args.gpus} GPUs {tn:.2f} s; "
+        f"speed-up {t1 / tn:.2f}x, scaling efficiency {t1 / tn / args.gpus:.0%}"
+    )
     for key in ("timing_s/gen", "timing_s/update_actor"):
         a = sum(r.get(key, 0) for r in later(one)) / len(later(one))
         b = sum(r.get(key, 0) for r in later(many)) / len(later(many))

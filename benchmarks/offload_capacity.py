@@ -44,9 +44,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-LLAMA2_7B_FAMILY = dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=32, intermediate_size=11008,
-                        vocab_size=32000)
-TINY_FAMILY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=128, vocab_size=512)
+LLAMA2_7B_FAMILY = dict(
+    hidden_size=4096,
+    num_attention_heads=32,
+    num_key_value_heads=32,
+    intermediate_size=11008,
+    vocab_size=32000,
+)
+TINY_FAMILY = dict(
+    hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=128, vocab_size=512
+)
 SEQUENCE = (512, 512)  # prompt, response tokens of each synthetic sequence (--quick: 16, 16)
 # Offloaded: float32 weight, gradient and two AdamW moments (16 bytes), and the copies while sharding;
 # measured 17.6 bytes a parameter at 6.7B on the H200 machine.
@@ -94,7 +101,9 @@ def attempt(args) -> dict:
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.gpu_limit_gib * 2**30 / total))
     work = Path(args.work)
-    config = LlamaConfig(**family, num_hidden_layers=args.layers, max_position_embeddings=4096, tie_word_embeddings=False)
+    config = LlamaConfig(
+        **family, num_hidden_layers=args.layers, max_position_embeddings=4096, tie_word_embeddings=False
+    )
     config.save_pretrained(work)  # [model] path: a config directory (the weights are made below)
 
     def random_causal_lm(model_cfg, device, path=None, *, dtype=None, place=None):
@@ -107,19 +116,32 @@ def attempt(args) -> dict:
         torch.manual_seed(0)
         kwargs = {"attn_implementation": attention} if attention else {}
         with torch.device(device):  # initialising on the GPU takes a second, on the CPU much longer
-            lm = AutoModelForCausalLM.from_config(config, dtype=precision.torch_dtype(dtype or model_cfg.dtype), **kwargs)
+            lm = AutoModelForCausalLM.from_config(
+                config, dtype=precision.torch_dtype(dtype or model_cfg.dtype), **kwargs
+            )
         return lm.to(place or device)
 
     models.load_causal_lm = random_causal_lm
     prompt_len, response_len = (16, 16) if args.quick else SEQUENCE
-    cfg = Manifest.model_validate({
-        "run": {"device": args.device},
-        "model": {"path": str(work), "dtype": "float32", "compute_dtype": "bfloat16",
-                  "gradient_checkpointing": not args.no_gradient_checkpointing, "compile": False},
-        "data": {"train": "synthetic:addition", "max_prompt_tokens": prompt_len, "max_response_tokens": response_len},
-        "reward": {"function": "gsm8k"},
-        "trainer": {"lr": 1e-6, "micro_batch_tokens": args.tokens, "fsdp_offload": args.offload},
-    })
+    cfg = Manifest.model_validate(
+        {
+            "run": {"device": args.device},
+            "model": {
+                "path": str(work),
+                "dtype": "float32",
+                "compute_dtype": "bfloat16",
+                "gradient_checkpointing": not args.no_gradient_checkpointing,
+                "compile": False,
+            },
+            "data": {
+                "train": "synthetic:addition",
+                "max_prompt_tokens": prompt_len,
+                "max_response_tokens": response_len,
+            },
+            "reward": {"function": "gsm8k"},
+            "trainer": {"lr": 1e-6, "micro_batch_tokens": args.tokens, "fsdp_offload": args.offload},
+        }
+    )
     dist = Distributed.from_env(args.device, shard_one=cfg.trainer.fsdp_offload)
     device = "cuda:0" if cuda else "cpu"
     prec = precision.resolve(cfg.model, device)
@@ -137,9 +159,14 @@ def attempt(args) -> dict:
     g = torch.Generator().manual_seed(0)
     vocab = family["vocab_size"]
     trajectories = [
-        Trajectory(prompt=Prompt(token_ids=torch.randint(0, vocab, (prompt_len,), generator=g).tolist(), messages=[]),
-                   response_ids=torch.randint(0, vocab, (response_len,), generator=g).tolist(),
-                   response_mask=[1] * response_len, rollout_logprobs=[-10.0] * response_len)
+        Trajectory(
+            prompt=Prompt(
+                token_ids=torch.randint(0, vocab, (prompt_len,), generator=g).tolist(), messages=[]
+            ),
+            response_ids=torch.randint(0, vocab, (response_len,), generator=g).tolist(),
+            response_mask=[1] * response_len,
+            rollout_logprobs=[-10.0] * response_len,
+        )
         for _ in range(count)
     ]
     batch = build_batch(trajectories, torch.rand(count, generator=g).tolist(), 1)
@@ -150,17 +177,29 @@ def attempt(args) -> dict:
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        out = actor.update(batch, 1.0, has_old=False, policy_loss=loss,
-                           objective=ObjectiveOptions.from_algorithm(cfg.algorithm, loss))
+        out = actor.update(
+            batch,
+            1.0,
+            has_old=False,
+            policy_loss=loss,
+            objective=ObjectiveOptions.from_algorithm(cfg.algorithm, loss),
+        )
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     dist.close()
     return {
-        "layers": args.layers, "offload": args.offload, "parameters": actor.parameter_count, "fits": True,
-        "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None, "build_peak_gpu_gib": build_peak,
+        "layers": args.layers,
+        "offload": args.offload,
+        "parameters": actor.parameter_count,
+        "fits": True,
+        "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+        "build_peak_gpu_gib": build_peak,
         "peak_host_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-        "build_s": built_s, "first_step_s": times[0], "step_s": times[1], "tokens": sum(batch.sequence_lengths()),
+        "build_s": built_s,
+        "first_step_s": times[0],
+        "step_s": times[1],
+        "tokens": sum(batch.sequence_lengths()),
         "grad_norm": out.get("actor/grad_norm"),
     }
 
@@ -174,32 +213,59 @@ def run_attempt(args, layers: int, offload: bool, timeout: float) -> dict:
     base = {"layers": layers, "offload": offload, "parameters": n, "fits": False}
     need = HOST_BYTES_PER_PARAM * n + 2 * 2**30
     if offload and not args.quick and need > host_available_bytes():
-        return {**base, "why": f"host memory: needs ~{need / 2**30:.0f} GiB, {host_available_bytes() / 2**30:.0f} available"}
+        return {
+            **base,
+            "why": f"host memory: needs ~{need / 2**30:.0f} GiB, {host_available_bytes() / 2**30:.0f} available",
+        }
     if timeout < 20:
         return {**base, "why": "out of time (--budget-s)", "untried": True}
     with tempfile.TemporaryDirectory() as work:
         result = Path(work) / "result.json"
-        cmd = [sys.executable, __file__, "--child", "--layers", str(layers), "--work", work, "--result", str(result),
-               "--device", args.device, "--tokens", str(args.tokens)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            "--layers",
+            str(layers),
+            "--work",
+            work,
+            "--result",
+            str(result),
+            "--device",
+            args.device,
+            "--tokens",
+            str(args.tokens),
+        ]
         cmd += ["--offload"] if offload else []
         cmd += ["--quick"] if args.quick else []
         cmd += ["--no-gradient-checkpointing"] if args.no_gradient_checkpointing else []
         cmd += ["--gpu-limit-gib", str(args.gpu_limit_gib)] if args.gpu_limit_gib else []
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+        }
         start = time.perf_counter()
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             budget = timeout < args.attempt_timeout_s
-            return {**base, "why": f"timed out after {timeout:.0f} s" + (" (out of --budget-s)" if budget else ""),
-                    "untried": budget, "wall_s": time.perf_counter() - start}
+            return {
+                **base,
+                "why": f"timed out after {timeout:.0f} s" + (" (out of --budget-s)" if budget else ""),
+                "untried": budget,
+                "wall_s": time.perf_counter() - start,
+            }
         wall = time.perf_counter() - start
         if proc.returncode == 0 and result.exists():
             return {**json.loads(result.read_text()), "wall_s": wall}
         text = proc.stdout + proc.stderr
         oom = "out of memory" in text.lower() or "OutOfMemoryError" in text
-        why = "GPU out of memory" if oom else f"exit {proc.returncode}: " + (text.strip().splitlines() or ["?"])[-1][:200]
+        why = (
+            "GPU out of memory"
+            if oom
+            else f"exit {proc.returncode}: " + (text.strip().splitlines() or ["?"])[-1][:200]
+        )
         if proc.returncode in (-9, 137) and not oom:
             why = "killed (host out of memory?)"
         return {**base, "why": why, "wall_s": wall}
@@ -207,9 +273,15 @@ def run_attempt(args, layers: int, offload: bool, timeout: float) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--layers", default=None, help="comma-separated layer counts (default 6,13,32,48; --quick 1,2)")
-    p.add_argument("--no-search", action="store_true", help="only the listed shapes (default: then search between "
-                   "each mode's largest fit and smallest failure)")
+    p.add_argument(
+        "--layers", default=None, help="comma-separated layer counts (default 6,13,32,48; --quick 1,2)"
+    )
+    p.add_argument(
+        "--no-search",
+        action="store_true",
+        help="only the listed shapes (default: then search between "
+        "each mode's largest fit and smallest failure)",
+    )
     p.add_argument("--budget-s", type=float, default=300.0, help="wall-clock budget of the whole benchmark")
     p.add_argument("--attempt-timeout-s", type=float, default=150.0)
     p.add_argument("--tokens", type=int, default=4096, help="tokens in the update's batch (one micro-batch)")
@@ -237,8 +309,11 @@ def main() -> int:
         args.device = "cpu"
         args.tokens = min(args.tokens, 64)
     elif not torch.cuda.is_available():
-        print("offload_capacity.py measures GPU memory and needs CUDA, which this machine does not have "
-              "(python benchmarks/offload_capacity.py --quick runs tiny shapes on the CPU)", file=sys.stderr)
+        print(
+            "offload_capacity.py measures GPU memory and needs CUDA, which this machine does not have "
+            "(python benchmarks/offload_capacity.py --quick runs tiny shapes on the CPU)",
+            file=sys.stderr,
+        )
         return 2
     else:
         args.device = "cuda"
@@ -251,9 +326,15 @@ def main() -> int:
         timeout = min(args.attempt_timeout_s, deadline - time.perf_counter())
         r = run_attempt(args, n, offload, timeout)
         results.append(r)
-        said = (f"fits, peak GPU {_fmt(r.get('peak_gpu_gib'), '.1f')} GiB, step {r['step_s']:.2f} s" if r["fits"]
-                else f"does not fit: {r['why']}")
-        print(f"  {'offload' if offload else 'plain  '} {n:3d} layers ({r['parameters'] / 1e9:.2f}B): {said}", flush=True)
+        said = (
+            f"fits, peak GPU {_fmt(r.get('peak_gpu_gib'), '.1f')} GiB, step {r['step_s']:.2f} s"
+            if r["fits"]
+            else f"does not fit: {r['why']}"
+        )
+        print(
+            f"  {'offload' if offload else 'plain  '} {n:3d} layers ({r['parameters'] / 1e9:.2f}B): {said}",
+            flush=True,
+        )
         return r
 
     for offload in modes:
@@ -265,7 +346,9 @@ def main() -> int:
             mine = [r for r in results if r["offload"] == offload]
             lo = max((r["layers"] for r in mine if r["fits"]), default=0)
             hi = min((r["layers"] for r in mine if not r["fits"] and not r.get("untried")), default=None)
-            guess = predict(args, mine, offload)  # first the layer count the measured memory per layer predicts
+            guess = predict(
+                args, mine, offload
+            )  # first the layer count the measured memory per layer predicts
             while hi is not None and hi - lo > 1 and deadline - time.perf_counter() > 30:
                 mid = min(max(guess, lo + 1), hi - 1) if guess is not None else (lo + hi) // 2
                 r = run(mid, offload)
@@ -273,7 +356,9 @@ def main() -> int:
                     break
                 if r["fits"]:
                     lo = mid
-                    guess = mid + 1 if guess is not None else None  # the prediction is usually within one layer
+                    guess = (
+                        mid + 1 if guess is not None else None
+                    )  # the prediction is usually within one layer
                 else:
                     hi = mid
                     guess = mid - 1 if guess is not None else None
@@ -295,8 +380,11 @@ def predict(args, mine: list[dict], offload: bool) -> int | None:
     (l1, m1), (l2, m2) = [(r["layers"], r[key]) for r in fits]
     if l2 == l1 or m2 <= m1:
         return None
-    capacity = (host_available_bytes() / 2**30 if offload
-                else args.gpu_limit_gib or torch.cuda.get_device_properties(0).total_memory / 2**30)
+    capacity = (
+        host_available_bytes() / 2**30
+        if offload
+        else args.gpu_limit_gib or torch.cuda.get_device_properties(0).total_memory / 2**30
+    )
     return int(l2 + (capacity * 0.98 - m2) * (l2 - l1) / (m2 - m1))
 
 
@@ -307,18 +395,26 @@ def _fmt(value, spec: str) -> str:
 def report(results: list[dict], args) -> None:
     device = "cpu (--quick)" if args.quick else torch_device_name()
     limit = f", capped at {args.gpu_limit_gib:g} GiB" if args.gpu_limit_gib else ""
-    print(f"\nOne actor update (float32 weights and AdamW, bfloat16 compute, {args.tokens} tokens) on {device}{limit}")
-    print(f"{'mode':8} {'layers':>6} {'params':>8} {'fits':>4} {'peak GPU GiB':>12} {'peak host GiB':>13} {'step s':>7}  note")
+    print(
+        f"\nOne actor update (float32 weights and AdamW, bfloat16 compute, {args.tokens} tokens) on {device}{limit}"
+    )
+    print(
+        f"{'mode':8} {'layers':>6} {'params':>8} {'fits':>4} {'peak GPU GiB':>12} {'peak host GiB':>13} {'step s':>7}  note"
+    )
     for r in sorted(results, key=lambda r: (r["offload"], r["layers"])):
-        print(f"{'offload' if r['offload'] else 'plain':8} {r['layers']:6d} {r['parameters'] / 1e9:7.2f}B "
-              f"{'yes' if r['fits'] else 'no':>4} {_fmt(r.get('peak_gpu_gib'), '12.1f')} "
-              f"{_fmt(r.get('peak_host_gib'), '13.1f')} {_fmt(r.get('step_s'), '7.2f')}  {r.get('why', '')}")
+        print(
+            f"{'offload' if r['offload'] else 'plain':8} {r['layers']:6d} {r['parameters'] / 1e9:7.2f}B "
+            f"{'yes' if r['fits'] else 'no':>4} {_fmt(r.get('peak_gpu_gib'), '12.1f')} "
+            f"{_fmt(r.get('peak_host_gib'), '13.1f')} {_fmt(r.get('step_s'), '7.2f')}  {r.get('why', '')}"
+        )
     for offload in (False, True):
         fits = [r for r in results if r["offload"] == offload and r["fits"]]
         if fits:
             best = max(fits, key=lambda r: r["layers"])
-            print(f"largest that fits {'with' if offload else 'without'} offload: {best['layers']} layers, "
-                  f"{best['parameters'] / 1e9:.2f}B parameters")
+            print(
+                f"largest that fits {'with' if offload else 'without'} offload: {best['layers']} layers, "
+                f"{best['parameters'] / 1e9:.2f}B parameters"
+            )
 
 
 def torch_device_name() -> str:

@@ -18,31 +18,51 @@ train:  the actor update at the Qwen2.5-0.5B shape (256 sequences x 384 tokens, 
 
 The figures in docs/performance.md (issues 7 and 24, "where the time went") come from this script.
 """
-import argparse, functools, sys, time, re, torch
+
+import argparse
+import functools
+import re
+import sys
+import time
+
+import torch
+
 sys.path.insert(0, "benchmarks")
-from torch.profiler import profile, ProfilerActivity
 from grpo_step import random_model
+from torch.profiler import ProfilerActivity, profile
 
 BANDWIDTH, MATMUL_FLOPS = 4.3e12, 790e12  # measured on the H200 (../shared/gpu/README.md)
+
+
 def cat(name):
     n = name.lower()
-    if re.search(r"gemm|cutlass|sm90|nvjet|cublas|xmma|matmul", n): return "matmul"
-    if "flash" in n or "fmha" in n or "attention" in n: return "attention"
-    if "triton" in n: return "triton(fused)"
-    if "reduce" in n or "softmax" in n or "scan" in n or "sort" in n: return "reduce/scan"
-    if "memcpy" in n or "memset" in n or "copy" in n or "fill" in n: return "copy/fill"
-    if "adam" in n or "foreach" in n or "multi_tensor" in n: return "optimizer"
+    if re.search(r"gemm|cutlass|sm90|nvjet|cublas|xmma|matmul", n):
+        return "matmul"
+    if "flash" in n or "fmha" in n or "attention" in n:
+        return "attention"
+    if "triton" in n:
+        return "triton(fused)"
+    if "reduce" in n or "softmax" in n or "scan" in n or "sort" in n:
+        return "reduce/scan"
+    if "memcpy" in n or "memset" in n or "copy" in n or "fill" in n:
+        return "copy/fill"
+    if "adam" in n or "foreach" in n or "multi_tensor" in n:
+        return "optimizer"
     return "elementwise/other"
+
 
 def summary(prof, label, per=1, n=22):
     evs = [e for e in prof.key_averages() if e.device_time_total > 0]
     tot = sum(e.device_time_total for e in evs)
     cats = {}
-    for e in evs: cats[cat(e.key)] = cats.get(cat(e.key), 0) + e.device_time_total
-    print(f"\n=== {label}: GPU kernel time {tot/1e3/per:.2f} ms per iteration")
-    for k, v in sorted(cats.items(), key=lambda kv: -kv[1]): print(f"  {k:20s} {v/1e3/per:9.2f} ms  {100*v/tot:5.1f}%")
+    for e in evs:
+        cats[cat(e.key)] = cats.get(cat(e.key), 0) + e.device_time_total
+    print(f"\n=== {label}: GPU kernel time {tot / 1e3 / per:.2f} ms per iteration")
+    for k, v in sorted(cats.items(), key=lambda kv: -kv[1]):
+        print(f"  {k:20s} {v / 1e3 / per:9.2f} ms  {100 * v / tot:5.1f}%")
     for e in sorted(evs, key=lambda e: -e.device_time_total)[:n]:
-        print(f"  {e.device_time_total/1e3/per:8.2f} ms {e.count//per:5d}x  {e.key[:110]}")
+        print(f"  {e.device_time_total / 1e3 / per:8.2f} ms {e.count // per:5d}x  {e.key[:110]}")
+
 
 parser = argparse.ArgumentParser()
 parser.add_argument("part", nargs="?", default="both", choices=["both", "decode", "train", "gemm"])
@@ -60,13 +80,20 @@ capacities = [int(c) for c in args.capacities.split(",")]
 
 
 def graph_ms(fn, iters=30):
-    g = torch.cuda.CUDAGraph(); s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s): fn()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
     torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g): fn()
-    for _ in range(3): g.replay()
-    torch.cuda.synchronize(); t = time.perf_counter()
-    for _ in range(iters): g.replay()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(iters):
+        g.replay()
     torch.cuda.synchronize()
     return (time.perf_counter() - t) / iters * 1e3
 
@@ -74,6 +101,7 @@ def graph_ms(fn, iters=30):
 if part in ("both", "decode"):
     from rlcore_rollout_hf.decoder import SlotDecoder
     from rlcore_rollout_hf.sampling import sample_with_uniform
+
     m = random_model(args.shape, "cuda", torch.bfloat16)
     cfg = m.config
     weight_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
@@ -83,27 +111,41 @@ if part in ("both", "decode"):
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * 2
     sample = torch.compile(sample_with_uniform, dynamic=False)
-    print(f"shape {args.shape}: {weight_bytes / 1e9:.2f} GB of bf16 weights ({weight_bytes / BANDWIDTH * 1e3:.2f} ms at 4.3 TB/s), "
-          f"{matrix_params / 1e9:.2f}B matrix parameters, {kv_per_token / 1024:.1f} KiB of KV per token")
+    print(
+        f"shape {args.shape}: {weight_bytes / 1e9:.2f} GB of bf16 weights ({weight_bytes / BANDWIDTH * 1e3:.2f} ms at 4.3 TB/s), "
+        f"{matrix_params / 1e9:.2f}B matrix parameters, {kv_per_token / 1024:.1f} KiB of KV per token"
+    )
     rows = []
     for kernel in args.attention.split(","):
-        d = SlotDecoder(m, attention=kernel); d.compile_layers(True); d.refresh()
+        d = SlotDecoder(m, attention=kernel)
+        d.compile_layers(True)
+        d.refresh()
         for B in batches:
             for cap in capacities:
                 cache = d.new_cache(B, cap)
                 for t in (*cache.keys, *cache.values):
                     t.normal_()
-                tok = torch.randint(0, 1000, (B,), device="cuda"); pos = torch.full((B,), cap - 128, device="cuda")
+                tok = torch.randint(0, 1000, (B,), device="cuda")
+                pos = torch.full((B,), cap - 128, device="cuda")
                 u = torch.rand(B, device="cuda")
-                full = lambda d=d, cache=cache, tok=tok, pos=pos, u=u: sample(d.decode(cache, tok, pos), 1.0, 0, 1.0, u)  # noqa: E731
+                full = lambda d=d, cache=cache, tok=tok, pos=pos, u=u: sample(
+                    d.decode(cache, tok, pos), 1.0, 0, 1.0, u
+                )  # noqa: E731
                 with torch.inference_mode():
-                    for _ in range(3): full()
+                    for _ in range(3):
+                        full()
                     torch.cuda.synchronize()
                     if kernel == args.attention.split(",")[0] and B == batches[0] and cap == capacities[0]:
                         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                            for _ in range(5): full()
+                            for _ in range(5):
+                                full()
                             torch.cuda.synchronize()
-                        summary(prof, f"{args.shape} decode step ({kernel} attention, compiled layers) + sampling, batch {B}, cap {cap}", per=5, n=30)
+                        summary(
+                            prof,
+                            f"{args.shape} decode step ({kernel} attention, compiled layers) + sampling, batch {B}, cap {cap}",
+                            per=5,
+                            n=30,
+                        )
                     with_sample = graph_ms(full)
                     alone = graph_ms(functools.partial(d.decode, cache, tok, pos))
                 read = (weight_bytes + B * (cap - 127) * kv_per_token) / BANDWIDTH * 1e3
@@ -112,94 +154,161 @@ if part in ("both", "decode"):
                 del cache
                 torch.cuda.empty_cache()
     # The prefill of the rollout benchmark's prompts: 256 x 128 tokens in one pass (PREFILL_TOKENS).
-    d = SlotDecoder(m); d.refresh()
+    d = SlotDecoder(m)
+    d.refresh()
     cache = d.new_cache(256, 256)
     ids = torch.randint(0, 1000, (256, 128), device="cuda")
     with torch.inference_mode():
-        run = lambda: d.prefill(cache, ids, torch.full((256,), 128, device="cuda"), torch.arange(256, device="cuda"))  # noqa: E731
-        run(); torch.cuda.synchronize(); t = time.perf_counter()
-        for _ in range(3): run()
+        run = lambda: d.prefill(
+            cache, ids, torch.full((256,), 128, device="cuda"), torch.arange(256, device="cuda")
+        )  # noqa: E731
+        run()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(3):
+            run()
         torch.cuda.synchronize()
     ms = (time.perf_counter() - t) / 3 * 1e3
-    print(f"prefill 256 x 128 tokens: {ms:.1f} ms, {2 * matrix_params * 256 * 128 / ms / 1e9:.0f} TFLOP/s by 2N "
-          f"(bound {2 * matrix_params * 256 * 128 / MATMUL_FLOPS * 1e3:.1f} ms)")
+    print(
+        f"prefill 256 x 128 tokens: {ms:.1f} ms, {2 * matrix_params * 256 * 128 / ms / 1e9:.0f} TFLOP/s by 2N "
+        f"(bound {2 * matrix_params * 256 * 128 / MATMUL_FLOPS * 1e3:.1f} ms)"
+    )
     del cache
-    print(f"\n{'attention':9} {'batch':>5} {'cap':>5} {'step+sample ms':>15} {'step ms':>8} {'read bound':>11} {'matmul bound':>13} {'of bound':>9}")
+    print(
+        f"\n{'attention':9} {'batch':>5} {'cap':>5} {'step+sample ms':>15} {'step ms':>8} {'read bound':>11} {'matmul bound':>13} {'of bound':>9}"
+    )
     for kernel, B, cap, with_sample, alone, read, flops in rows:
-        print(f"{kernel:9} {B:5d} {cap:5d} {with_sample:15.3f} {alone:8.3f} {read:11.3f} {flops:13.3f} {max(read, flops) / with_sample:9.1%}")
-    del m; torch.cuda.empty_cache()
+        print(
+            f"{kernel:9} {B:5d} {cap:5d} {with_sample:15.3f} {alone:8.3f} {read:11.3f} {flops:13.3f} {max(read, flops) / with_sample:9.1%}"
+        )
+    del m
+    torch.cuda.empty_cache()
 
 if part in ("both", "gemm"):
     import torch.nn.functional as F
     from grpo_step import SHAPES
+
     shape = SHAPES[args.shape]
-    H, inter, heads, kvh = shape["hidden_size"], shape["intermediate_size"], shape["num_attention_heads"], shape["num_key_value_heads"]
+    H, inter, heads, kvh = (
+        shape["hidden_size"],
+        shape["intermediate_size"],
+        shape["num_attention_heads"],
+        shape["num_key_value_heads"],
+    )
     D = H // heads
-    mats = {"q": (heads * D, H), "k": (kvh * D, H), "v": (kvh * D, H), "o": (H, heads * D), "gate": (inter, H), "up": (inter, H),
-            "down": (H, inter), "qkv fused": ((heads + 2 * kvh) * D, H), "gate+up fused": (2 * inter, H), "lm_head": (shape["vocab_size"], H)}
+    mats = {
+        "q": (heads * D, H),
+        "k": (kvh * D, H),
+        "v": (kvh * D, H),
+        "o": (H, heads * D),
+        "gate": (inter, H),
+        "up": (inter, H),
+        "down": (H, inter),
+        "qkv fused": ((heads + 2 * kvh) * D, H),
+        "gate+up fused": (2 * inter, H),
+        "lm_head": (shape["vocab_size"], H),
+    }
     print(f"\n{'matrix':14} {'N x K':>14} {'batch':>5} {'us':>8} {'TFLOP/s':>8} {'weights GB/s':>13}")
     from triton.testing import do_bench
+
     for name, (n, k) in mats.items():
         ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(4)]  # rotate past the L2
         for B in batches:
             x = torch.randn(B, k, device="cuda", dtype=torch.bfloat16)
             state = {"i": 0}
+
             def go(x=x, ws=ws, state=state):
                 state["i"] = (state["i"] + 1) % 4
                 return F.linear(x, ws[state["i"]])
+
             us = do_bench(go, warmup=25, rep=100, return_mode="median") * 1e3
-            print(f"{name:14} {f'{n}x{k}':>14} {B:5d} {us:8.1f} {2 * B * n * k / us / 1e6:8.1f} {n * k * 2 / us / 1e3:13.0f}")
+            print(
+                f"{name:14} {f'{n}x{k}':>14} {B:5d} {us:8.1f} {2 * B * n * k / us / 1e6:8.1f} {n * k * 2 / us / 1e3:13.0f}"
+            )
         del ws
 
 if part in ("both", "train"):
-    from rlcore.trainer import attention
-    from rlcore.trainer.logprobs import token_logprobs
     from rlcore.interfaces import Prompt, Trajectory
+    from rlcore.trainer import attention
     from rlcore.trainer.batch import build_batch, pack
+    from rlcore.trainer.logprobs import token_logprobs
+
     attention.register()
     m = random_model("0.5b", "cuda", torch.bfloat16)
     m.set_attn_implementation(attention.NAME)
     m.train()
-    g = torch.Generator().manual_seed(0); V = m.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    V = m.config.vocab_size
     trajs = []
     for _p in range(64):
         pr = Prompt(token_ids=torch.randint(0, V, (128,), generator=g).tolist(), messages=[])
         for _ in range(4):
-            trajs.append(Trajectory(prompt=pr, response_ids=torch.randint(0, V, (256,), generator=g).tolist(), response_mask=[1]*256, rollout_logprobs=[-11.0]*256))
-    batch = build_batch(trajs, [0.5]*256, 4)
+            trajs.append(
+                Trajectory(
+                    prompt=pr,
+                    response_ids=torch.randint(0, V, (256,), generator=g).tolist(),
+                    response_mask=[1] * 256,
+                    rollout_logprobs=[-11.0] * 256,
+                )
+            )
+    batch = build_batch(trajs, [0.5] * 256, 4)
     micros = pack(batch, list(range(256)), 32768, "cuda")
     tokens = sum(mb.input_ids.shape[1] for mb in micros)
     N = sum(p.numel() for p in m.parameters())
     opt = torch.optim.AdamW(m.parameters(), lr=1e-7)
+
     def step(phase=None):
         for mb in micros:
             lp, ent = token_logprobs(m, mb, 1.0, with_entropy=True, entropy_grad=False)
             (lp.sum() * 1e-4).backward()
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-        opt.step(); opt.zero_grad(set_to_none=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
     def timed(label, iters=3):
-        step(); torch.cuda.synchronize()
+        step()
+        torch.cuda.synchronize()
         t = time.perf_counter()
-        for _ in range(iters): step()
-        torch.cuda.synchronize(); s = (time.perf_counter() - t) / iters
-        print(f"\n{label}: {s*1e3:.0f} ms/update of {tokens} tokens in {len(micros)} micro-batches -> {tokens/s:,.0f} tok/s, MFU {6*N*tokens/s/790e12*100:.1f}%  peak {torch.cuda.max_memory_allocated()/2**30:.1f} GiB")
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+        s = (time.perf_counter() - t) / iters
+        print(
+            f"\n{label}: {s * 1e3:.0f} ms/update of {tokens} tokens in {len(micros)} micro-batches -> {tokens / s:,.0f} tok/s, MFU {6 * N * tokens / s / 790e12 * 100:.1f}%  peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
+        )
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            step(); torch.cuda.synchronize()
+            step()
+            torch.cuda.synchronize()
         summary(prof, label)
-    if "noeager" not in sys.argv: timed("update eager")
+
+    if "noeager" not in sys.argv:
+        timed("update eager")
     # phases (eager): decoder fwd, head fwd, backward
     mb = micros[0]
-    torch.cuda.synchronize(); t = time.perf_counter()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
     for _ in range(3):
-        with torch.no_grad(): h = m.model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).last_hidden_state
-    torch.cuda.synchronize(); print(f"decoder forward no_grad, one micro-batch: {(time.perf_counter()-t)/3*1e3:.1f} ms")
-    torch.cuda.synchronize(); t = time.perf_counter()
+        with torch.no_grad():
+            h = m.model(
+                input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False
+            ).last_hidden_state
+    torch.cuda.synchronize()
+    print(f"decoder forward no_grad, one micro-batch: {(time.perf_counter() - t) / 3 * 1e3:.1f} ms")
+    torch.cuda.synchronize()
+    t = time.perf_counter()
     for _ in range(3):
-        with torch.no_grad(): token_logprobs(m, mb, 1.0, with_entropy=True)
-    torch.cuda.synchronize(); print(f"decoder+head forward no_grad, one micro-batch: {(time.perf_counter()-t)/3*1e3:.1f} ms")
+        with torch.no_grad():
+            token_logprobs(m, mb, 1.0, with_entropy=True)
+    torch.cuda.synchronize()
+    print(f"decoder+head forward no_grad, one micro-batch: {(time.perf_counter() - t) / 3 * 1e3:.1f} ms")
     from rlcore.trainer import compiling
-    compiling.enable_kernels(); compiling.compile_decoder_layers(m)
-    t = time.perf_counter(); step(); torch.cuda.synchronize(); print(f"\nfirst compiled update (compiles): {time.perf_counter()-t:.1f} s")
+
+    compiling.enable_kernels()
+    compiling.compile_decoder_layers(m)
+    t = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    print(f"\nfirst compiled update (compiles): {time.perf_counter() - t:.1f} s")
     timed("update, [model] compile (layers + head), budget 32768 (balanced)")
     for budget in (49152, 98304):
         micros[:] = pack(batch, list(range(256)), budget, "cuda")

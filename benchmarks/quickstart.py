@@ -21,8 +21,21 @@ from pathlib import Path
 
 
 def run_rlcore(manifest: Path, steps: int, run_dir: Path) -> list[dict]:
-    cmd = [sys.executable, "-m", "rlcore", "run", str(manifest), "--run-dir", str(run_dir),
-           "--set", f"trainer.steps={steps}", "--set", f"trainer.eval_every={steps}", "--set", "trainer.save_every=0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlcore",
+        "run",
+        str(manifest),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        f"trainer.steps={steps}",
+        "--set",
+        f"trainer.eval_every={steps}",
+        "--set",
+        "trainer.save_every=0",
+    ]
     subprocess.run(cmd, check=True)
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -40,7 +53,9 @@ def plain_loop(manifest: Path, steps: int) -> list[float]:
     model_cfg = models.materialize_gguf(cfg.model)
     tokenizer = models.load_tokenizer(model_cfg)
     lm = models.load_causal_lm(model_cfg, "cpu")
-    prompts = load_prompts(cfg.data.train, tokenizer=tokenizer, max_prompt_tokens=cfg.data.max_prompt_tokens).prompts
+    prompts = load_prompts(
+        cfg.data.train, tokenizer=tokenizer, max_prompt_tokens=cfg.data.max_prompt_tokens
+    ).prompts
     optimizer = torch.optim.AdamW(lm.parameters(), lr=cfg.trainer.lr)
     n, k = cfg.data.prompts_per_step, cfg.rollout.samples_per_prompt
     tokenizer.padding_side = "left"
@@ -50,18 +65,35 @@ def plain_loop(manifest: Path, steps: int) -> list[float]:
         batch = prompts[step * n : (step + 1) * n]
         enc = tokenizer.pad({"input_ids": [p.token_ids for p in batch]}, return_tensors="pt")
         with torch.no_grad():
-            out = lm.generate(**enc, do_sample=True, temperature=cfg.rollout.temperature, num_return_sequences=k,
-                              max_new_tokens=cfg.data.max_response_tokens, pad_token_id=tokenizer.pad_token_id)
-        response = out[:, enc["input_ids"].shape[1]:]
+            out = lm.generate(
+                **enc,
+                do_sample=True,
+                temperature=cfg.rollout.temperature,
+                num_return_sequences=k,
+                max_new_tokens=cfg.data.max_response_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        response = out[:, enc["input_ids"].shape[1] :]
         texts = tokenizer.batch_decode(response, skip_special_tokens=True)
         truths = [p.ground_truth for p in batch for _ in range(k)]
-        scores = torch.tensor([float(str(t) in text.split()[-1:] or text.strip().endswith(str(t))) for text, t in zip(texts, truths)])
+        scores = torch.tensor(
+            [
+                float(str(t) in text.split()[-1:] or text.strip().endswith(str(t)))
+                for text, t in zip(texts, truths)
+            ]
+        )
         groups = scores.view(n, k)
         adv = ((groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 1e-6)).view(-1)
         mask = (response != tokenizer.pad_token_id).float()
         attention = torch.cat([enc["attention_mask"].repeat_interleave(k, 0), mask.long()], 1)
-        logits = lm(input_ids=out, attention_mask=attention).logits[:, enc["input_ids"].shape[1] - 1 : -1].float()
-        logp = torch.log_softmax(logits / cfg.rollout.temperature, -1).gather(-1, response.unsqueeze(-1)).squeeze(-1)
+        logits = (
+            lm(input_ids=out, attention_mask=attention).logits[:, enc["input_ids"].shape[1] - 1 : -1].float()
+        )
+        logp = (
+            torch.log_softmax(logits / cfg.rollout.temperature, -1)
+            .gather(-1, response.unsqueeze(-1))
+            .squeeze(-1)
+        )
         loss = -(logp * adv.unsqueeze(1) * mask).sum() / mask.sum()
         optimizer.zero_grad()
         loss.backward()
@@ -72,7 +104,11 @@ def plain_loop(manifest: Path, steps: int) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--manifest", type=Path, default=Path(__file__).resolve().parent.parent / "examples" / "quickstart.toml")
+    parser.add_argument(
+        "--manifest",
+        type=Path,
+        default=Path(__file__).resolve().parent.parent / "examples" / "quickstart.toml",
+    )
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--no-baseline", action="store_true")
     args = parser.parse_args()
@@ -82,10 +118,14 @@ def main() -> None:
     val = [r for r in rows if "val/reward/mean" in r]
     step_s = sum(r["timing_s/step"] for r in train) / len(train)
     tokens = sum(r["perf/total_num_tokens"] for r in train) / sum(r["timing_s/step"] for r in train)
-    print(f"\nrlcore: {len(train)} steps, {1 / step_s:.3f} steps/s ({step_s:.1f} s/step), {tokens:.0f} tokens/s "
-          f"(prompt + response tokens trained per second)")
+    print(
+        f"\nrlcore: {len(train)} steps, {1 / step_s:.3f} steps/s ({step_s:.1f} s/step), {tokens:.0f} tokens/s "
+        f"(prompt + response tokens trained per second)"
+    )
     if val:
-        print(f"validation reward: before {val[0]['val/reward/mean']:.3f}, after {val[-1]['val/reward/mean']:.3f}")
+        print(
+            f"validation reward: before {val[0]['val/reward/mean']:.3f}, after {val[-1]['val/reward/mean']:.3f}"
+        )
     print("training reward per step:", [round(r["critic/score/mean"], 3) for r in train])
     if not args.no_baseline:
         times = plain_loop(args.manifest, args.steps)

@@ -36,8 +36,14 @@ import time
 from pathlib import Path
 
 import torch
-
-from model_shapes import SMOLLM2_135M, QWEN2_5_0_5B, QWEN2_5_1_5B, QWEN2_5_3B, QWEN2_5_7B, config_kwargs  # benchmarks/ is on sys.path
+from model_shapes import (
+    QWEN2_5_0_5B,
+    QWEN2_5_1_5B,
+    QWEN2_5_3B,
+    QWEN2_5_7B,
+    SMOLLM2_135M,
+    config_kwargs,
+)  # benchmarks/ is on sys.path
 
 SHAPES = {
     "smollm2-135m": SMOLLM2_135M,
@@ -45,8 +51,14 @@ SHAPES = {
     "qwen2.5-1.5b": QWEN2_5_1_5B,
     "qwen2.5-3b": QWEN2_5_3B,
     "qwen2.5-7b": QWEN2_5_7B,
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=1000),
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1000,
+    ),
 }
 BANDWIDTH = 4.3e12  # bytes/s, measured device-memory copies on the H200
 MATMUL_FLOPS = 790e12  # FLOP/s, measured dense bf16 matrix products on the H200
@@ -94,7 +106,9 @@ def roofline(config, work: dict, param_bytes: int, matrix_params: int) -> dict:
 def build_model(shape: str, device: str):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(**config_kwargs(SHAPES[shape], max_position_embeddings=4096, eos_token_id=None, bos_token_id=None))
+    config = Qwen2Config(
+        **config_kwargs(SHAPES[shape], max_position_embeddings=4096, eos_token_id=None, bos_token_id=None)
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
@@ -115,9 +129,10 @@ def timed(fn, device: str) -> tuple[float, object]:
 
 
 def run_rlcore(model, works: dict, device: str, options: dict) -> dict:
-    from rlcore.interfaces import SamplingParams
     from rlcore_rollout_hf.engine import HFRolloutEngine
     from rlcore_rollout_hf.options import HFEngineOptions
+
+    from rlcore.interfaces import SamplingParams
 
     engine = HFRolloutEngine(model, options=HFEngineOptions(**options))
     out = {}
@@ -138,11 +153,26 @@ def run_transformers(model, work: dict, device: str) -> dict:
     new = max(work["caps"])
 
     def call():
-        model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, temperature=1.0, top_k=0,
-                       top_p=1.0, max_new_tokens=new, min_new_tokens=new, pad_token_id=0)
+        model.generate(
+            prompts,
+            attention_mask=torch.ones_like(prompts),
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            pad_token_id=0,
+        )
 
     with torch.inference_mode():
-        model.generate(prompts[:8], attention_mask=torch.ones_like(prompts[:8]), do_sample=True, max_new_tokens=8, pad_token_id=0)
+        model.generate(
+            prompts[:8],
+            attention_mask=torch.ones_like(prompts[:8]),
+            do_sample=True,
+            max_new_tokens=8,
+            pad_token_id=0,
+        )
         seconds, _ = timed(call, device)
     tokens = len(work["prompts"]) * new
     return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds)
@@ -154,13 +184,31 @@ def run_vllm(config, works: dict) -> dict:
 
     directory = Path(tempfile.mkdtemp())
     config.save_pretrained(directory)
-    llm = LLM(model=str(directory), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-              gpu_memory_utilization=0.5, max_num_seqs=256, max_model_len=1024, seed=0)
+    llm = LLM(
+        model=str(directory),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        gpu_memory_utilization=0.5,
+        max_num_seqs=256,
+        max_model_len=1024,
+        seed=0,
+    )
     out = {}
     for name, work in works.items():
         requests = [TokensPrompt(prompt_token_ids=p) for p in work["prompts"]]
-        params = [SamplingParams(n=work["n"], temperature=1.0, max_tokens=c, min_tokens=c, ignore_eos=True,
-                                 detokenize=False, logprobs=0) for c in work["caps"]]
+        params = [
+            SamplingParams(
+                n=work["n"],
+                temperature=1.0,
+                max_tokens=c,
+                min_tokens=c,
+                ignore_eos=True,
+                detokenize=False,
+                logprobs=0,
+            )
+            for c in work["caps"]
+        ]
         llm.generate(requests, params, use_tqdm=False)  # warm-up
         seconds, outputs = timed(functools.partial(llm.generate, requests, params, use_tqdm=False), "cuda")
         got = sum(len(c.token_ids) for r in outputs for c in r.outputs)
@@ -177,7 +225,9 @@ def main() -> int:
     parser.add_argument("--max-new", type=int, default=256)
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--no-transformers", action="store_true")
-    parser.add_argument("--variants", default="compiled", help="comma list of: compiled, compiled-sdpa, graphs, eager, plain")
+    parser.add_argument(
+        "--variants", default="compiled", help="comma list of: compiled, compiled-sdpa, graphs, eager, plain"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -186,12 +236,23 @@ def main() -> int:
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     matrix_params = matrix_parameters(model)
     works = workloads(args.max_new, args.prompts, config.vocab_size)
-    results: dict = {"shape": args.shape, "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-                     "roofline_tokens_per_s": {k: roofline(config, w, param_bytes, matrix_params) for k, w in works.items()}}
+    results: dict = {
+        "shape": args.shape,
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "roofline_tokens_per_s": {
+            k: roofline(config, w, param_bytes, matrix_params) for k, w in works.items()
+        },
+    }
     variants = {
         "graphs": dict(fast_path="on", cuda_graphs=True, compile=False, max_batch_size=args.prompts),
         "compiled": dict(fast_path="on", cuda_graphs=True, compile=True, max_batch_size=args.prompts),
-        "compiled-sdpa": dict(fast_path="on", cuda_graphs=True, compile=True, max_batch_size=args.prompts, decode_attention="sdpa"),
+        "compiled-sdpa": dict(
+            fast_path="on",
+            cuda_graphs=True,
+            compile=True,
+            max_batch_size=args.prompts,
+            decode_attention="sdpa",
+        ),
         "eager": dict(fast_path="on", cuda_graphs=False, compile=False, max_batch_size=args.prompts),
         "plain": dict(fast_path="off", max_batch_size=args.prompts),
     }
@@ -213,18 +274,26 @@ def main() -> int:
         except ImportError as error:
             print(f"vLLM not importable ({error}); skipped", file=sys.stderr)
 
-    print(f"\n{'workload':10} {'engine':22} {'tokens/s':>10} {'x transformers':>15} {'x vLLM':>8} {'of roofline':>12} {'+prefill':>9}")
+    print(
+        f"\n{'workload':10} {'engine':22} {'tokens/s':>10} {'x transformers':>15} {'x vLLM':>8} {'of roofline':>12} {'+prefill':>9}"
+    )
     for name in works:
         for engine in [k for k in results if k.startswith("rlcore-") or k in ("transformers", "vllm")]:
             row = results[engine].get(name)
             if not row:
                 continue
             tps = row["tokens_per_s"]
-            vs_hf = tps / results["transformers"]["fixed"]["tokens_per_s"] if "transformers" in results and name == "fixed" else None
+            vs_hf = (
+                tps / results["transformers"]["fixed"]["tokens_per_s"]
+                if "transformers" in results and name == "fixed"
+                else None
+            )
             vs_vllm = tps / results["vllm"][name]["tokens_per_s"] if "vllm" in results else None
             bound = results["roofline_tokens_per_s"][name]
-            print(f"{name:10} {engine:22} {tps:10.0f} {vs_hf if vs_hf else float('nan'):15.2f} "
-                  f"{vs_vllm if vs_vllm else float('nan'):8.2f} {tps / bound['decode']:12.1%} {tps / bound['with_prefill']:9.1%}")
+            print(
+                f"{name:10} {engine:22} {tps:10.0f} {vs_hf if vs_hf else float('nan'):15.2f} "
+                f"{vs_vllm if vs_vllm else float('nan'):8.2f} {tps / bound['decode']:12.1%} {tps / bound['with_prefill']:9.1%}"
+            )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

@@ -40,8 +40,10 @@ class SumTaskset(vf.Taskset[SumTask, SumConfig]):
         rng = random.Random(self.config.seed)
         for _ in range(self.config.size):
             a, b = rng.randint(0, self.config.max_operand), rng.randint(0, self.config.max_operand)
-            yield SumTask(SumData(prompt=f"What is {a} + {b}? {self.config.instruction}", answer=str(a + b)),
-                          self.config.task)
+            yield SumTask(
+                SumData(prompt=f"What is {a} + {b}? {self.config.instruction}", answer=str(a + b)),
+                self.config.task,
+            )
 
 
 __all__ = ["SumTaskset"]

@@ -62,9 +62,9 @@ class ChatGlue:
         self.tok = tokenizer
         self.schemas = list(schemas or [])
         self.template_kwargs = template_kwargs
-        self.template_renders_tools = bool(self.schemas) and self._render(_PROBE, True, tools=True) != self._render(
-            _PROBE, True, tools=False
-        )
+        self.template_renders_tools = bool(self.schemas) and self._render(
+            _PROBE, True, tools=True
+        ) != self._render(_PROBE, True, tools=False)
         rendered = self._render([*_PROBE, {"role": "assistant", "content": _SENTINEL}], False)
         at = rendered.rfind(_SENTINEL)
         self.closing = rendered[at + len(_SENTINEL) :] if at >= 0 else (tokenizer.eos_token or "")

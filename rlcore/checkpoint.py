@@ -104,11 +104,17 @@ def verify_checkpoint(path: Path) -> str | None:
     listing = path / CHECKSUMS_FILE
     if not listing.exists():
         if recorded:
-            return f"{listing} is missing (it was written with this checkpoint), so its files cannot be verified"
+            return (
+                f"{listing} is missing (it was written with this checkpoint), so its files cannot be verified"
+            )
         if str(path) not in _UNVERIFIABLE_SAID:
             _UNVERIFIABLE_SAID.add(str(path))
-            logger.warning("checkpoint {} has no {} (written by an rlcore before checksums); its files "
-                           "cannot be verified and are taken as they are", path, CHECKSUMS_FILE)
+            logger.warning(
+                "checkpoint {} has no {} (written by an rlcore before checksums); its files "
+                "cannot be verified and are taken as they are",
+                path,
+                CHECKSUMS_FILE,
+            )
         return None
     try:
         text = listing.read_text(encoding="utf-8")
@@ -213,8 +219,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 class Checkpointer:
-    def __init__(self, run_dir: str | Path, keep: int = 2, keep_best: int = 0, best_metric: str = "val/reward/mean",
-                 best_mode: str = "max"):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        keep: int = 2,
+        keep_best: int = 0,
+        best_metric: str = "val/reward/mean",
+        best_mode: str = "max",
+    ):
         """``keep``: the last checkpoints kept; ``keep_best``: also the best this many by
         ``best_metric`` of the validation recorded in each one's state (``state["validation"]``),
         the highest with ``best_mode`` "max", the lowest with "min"."""
@@ -222,9 +234,19 @@ class Checkpointer:
         self.keep = max(1, keep)
         self.keep_best, self.best_metric, self.best_mode = keep_best, best_metric, best_mode
 
-    def save(self, step: int, *, actor, tokenizer, optimizers: dict[str, Any], schedulers: dict[str, Any],
-             modules: dict[str, torch.nn.Module], state: dict[str, Any], dist=None,
-             rank_objects: dict[str, Any] | None = None) -> Path:
+    def save(
+        self,
+        step: int,
+        *,
+        actor,
+        tokenizer,
+        optimizers: dict[str, Any],
+        schedulers: dict[str, Any],
+        modules: dict[str, torch.nn.Module],
+        state: dict[str, Any],
+        dist=None,
+        rank_objects: dict[str, Any] | None = None,
+    ) -> Path:
         """Write a checkpoint. With several ranks every rank calls this: rank 0 writes the full
         model, each rank its own optimizer shard and RNG state (and the checksums of its files).
         A rank's failure to write (a full disk) is agreed on by all ranks: the temporary directory
@@ -246,17 +268,25 @@ class Checkpointer:
         # FSDP-sharded modules (several ranks, or one under fsdp_offload) are gathered into full,
         # float32 state dicts on rank 0.
         model_state = full_state_dict(actor) if dist.sharded else None
-        module_states = {n: full_state_dict(m) if dist.sharded else m.state_dict() for n, m in modules.items()}
+        module_states = {
+            n: full_state_dict(m) if dist.sharded else m.state_dict() for n, m in modules.items()
+        }
         rank_objects = dict(rank_objects or {})
-        own = [f"optimizers-rank{dist.rank}.pt", f"rng-rank{dist.rank}.pt",
-               *(f"{name}-rank{dist.rank}.pt" for name in rank_objects)]
+        own = [
+            f"optimizers-rank{dist.rank}.pt",
+            f"rng-rank{dist.rank}.pt",
+            *(f"{name}-rank{dist.rank}.pt" for name in rank_objects),
+        ]
         try:
             failure, digests, writing = None, {}, tmp
             try:
                 if dist.is_main:
                     writing = tmp / "model"
-                    actor.save_pretrained(tmp / "model", safe_serialization=True,
-                                          **({"state_dict": model_state} if dist.sharded else {}))
+                    actor.save_pretrained(
+                        tmp / "model",
+                        safe_serialization=True,
+                        **({"state_dict": model_state} if dist.sharded else {}),
+                    )
                     tokenizer.save_pretrained(tmp / "model")
                     for name, module_state in module_states.items():
                         writing = tmp / f"{name}.pt"
@@ -272,8 +302,11 @@ class Checkpointer:
                     torch.save(obj, writing)
                 writing = tmp
                 if dist.is_main:  # everything but the other ranks' own files
-                    others = {f"{kind}-rank{r}.pt" for r in range(1, dist.world)
-                              for kind in ("optimizers", "rng", *rank_objects)}
+                    others = {
+                        f"{kind}-rank{r}.pt"
+                        for r in range(1, dist.world)
+                        for kind in ("optimizers", "rng", *rank_objects)
+                    }
                     digests = _digests(tmp, skip=others)
                 else:
                     digests = {rel: file_digest(tmp / rel) for rel in own}
@@ -292,8 +325,10 @@ class Checkpointer:
                     # The state file is written last: its presence marks a complete checkpoint. It
                     # records the listing's own digest, so that a listing deleted or edited is seen.
                     listing_sha256 = hashlib.sha256(listing.encode("utf-8")).hexdigest()
-                    write_atomic_text(tmp / STATE_FILE, json.dumps(
-                        {**state, "step": step, LISTING_DIGEST_KEY: listing_sha256}, indent=2))
+                    write_atomic_text(
+                        tmp / STATE_FILE,
+                        json.dumps({**state, "step": step, LISTING_DIGEST_KEY: listing_sha256}, indent=2),
+                    )
                     _fsync_dir(tmp)
                     if final.exists():
                         shutil.rmtree(final)
@@ -304,9 +339,15 @@ class Checkpointer:
                 else:
                     try:
                         write_atomic_text(self.root / "latest", final.name)
-                    except OSError as exc:  # the checkpoint is complete; resuming finds it without the pointer
-                        logger.warning("checkpoint {} is complete, but {} could not be updated: {}",
-                                       final, self.root / "latest", exc)
+                    except (
+                        OSError
+                    ) as exc:  # the checkpoint is complete; resuming finds it without the pointer
+                        logger.warning(
+                            "checkpoint {} is complete, but {} could not be updated: {}",
+                            final,
+                            self.root / "latest",
+                            exc,
+                        )
             self._raise_failures(dist.gather(failure), dist)  # rank 0's outcome, for every rank
         except BaseException:
             if dist.is_main:
@@ -324,8 +365,12 @@ class Checkpointer:
             return
         if dist.is_main:  # rank 0 removes the partial checkpoint (see save) and names what is kept
             previous = self.latest_intact(quiet=True)
-            kept = f"the previous checkpoint {previous} is kept" if previous else "no earlier checkpoint exists"
-            said.append(f"the partial checkpoint was removed and {kept}; free space, then rlcore run --resume continues")
+            kept = (
+                f"the previous checkpoint {previous} is kept" if previous else "no earlier checkpoint exists"
+            )
+            said.append(
+                f"the partial checkpoint was removed and {kept}; free space, then rlcore run --resume continues"
+            )
         raise RlcoreError("; ".join(said))
 
     @staticmethod
@@ -352,7 +397,9 @@ class Checkpointer:
         best = set(self.best([*older, current]))
         for old in older[: max(0, len(older) - (self.keep - 1))]:
             if old in best:
-                logger.info("checkpoint {} kept: one of the {} best by {}", old, self.keep_best, self.best_metric)
+                logger.info(
+                    "checkpoint {} kept: one of the {} best by {}", old, self.keep_best, self.best_metric
+                )
                 continue
             shutil.rmtree(old, ignore_errors=True)
         for stale in self.root.glob(".tmp-step_*"):
@@ -403,16 +450,29 @@ class Checkpointer:
             problem = verify_checkpoint(candidate)
             if problem is None:
                 named = self._pointer()
-                if warn and named is not None and named.name < candidate.name and str(named) not in _STALE_POINTER_SAID:
+                if (
+                    warn
+                    and named is not None
+                    and named.name < candidate.name
+                    and str(named) not in _STALE_POINTER_SAID
+                ):
                     _STALE_POINTER_SAID.add(str(named))
-                    logger.warning("{} names {}, but {} is newer and intact (the pointer was not updated: a full "
-                                   "disk or a kill while saving); using {}", self.root / "latest", named.name,
-                                   candidate.name, candidate)
+                    logger.warning(
+                        "{} names {}, but {} is newer and intact (the pointer was not updated: a full "
+                        "disk or a kill while saving); using {}",
+                        self.root / "latest",
+                        named.name,
+                        candidate.name,
+                        candidate,
+                    )
                 return candidate, problems
             problems.append(f"{candidate.name}: {problem}")
             if warn:
-                then = ("falling back to the previous intact checkpoint" if i + 1 < len(candidates)
-                        else "no earlier checkpoint is left")
+                then = (
+                    "falling back to the previous intact checkpoint"
+                    if i + 1 < len(candidates)
+                    else "no earlier checkpoint is left"
+                )
                 logger.warning("checkpoint {} is damaged: {}; {}", candidate, problem, then)
         return None, problems
 
@@ -431,7 +491,8 @@ class Checkpointer:
         if found is not None or not problems:
             return found
         raise RlcoreError(
-            f"no intact checkpoint to resume from in {self.root}: " + "; ".join(problems)
+            f"no intact checkpoint to resume from in {self.root}: "
+            + "; ".join(problems)
             + ". Restore the damaged files, or start a new run without --resume in another run directory"
         )
 
@@ -443,8 +504,14 @@ class Checkpointer:
             raise RlcoreError(f"checkpoint {path} is unreadable: {exc}") from None
 
     @staticmethod
-    def restore(path: Path, *, optimizers: dict[str, Any], schedulers: dict[str, Any], modules: dict[str, torch.nn.Module],
-                dist=None) -> None:
+    def restore(
+        path: Path,
+        *,
+        optimizers: dict[str, Any],
+        schedulers: dict[str, Any],
+        modules: dict[str, torch.nn.Module],
+        dist=None,
+    ) -> None:
         import torch
 
         from rlcore.trainer.distributed import Distributed
@@ -458,7 +525,9 @@ class Checkpointer:
                 set_model_state_dict(module, module_state, options=StateDictOptions(full_state_dict=True))
             else:
                 module.load_state_dict(module_state)
-        opt_states = torch.load(path / f"optimizers-rank{dist.rank}.pt", map_location="cpu", weights_only=False)
+        opt_states = torch.load(
+            path / f"optimizers-rank{dist.rank}.pt", map_location="cpu", weights_only=False
+        )
         for k, o in optimizers.items():
             o.load_state_dict(opt_states[k])
         sched_states = torch.load(path / "schedulers.pt", map_location="cpu", weights_only=False)

@@ -11,8 +11,9 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rlcore import __version__
 from rlcore.errors import RlcoreError, UsageError
@@ -76,8 +77,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
             console().print(f"[bold red]error:[/] {_escape(exc)}", highlight=False)
             failures.append((path, exc))
     if failures:
-        console().print(f"[bold red]{len(failures)} of {len(paths)} manifests are invalid:[/] "
-                        + _escape(", ".join(path for path, _ in failures)))
+        console().print(
+            f"[bold red]{len(failures)} of {len(paths)} manifests are invalid:[/] "
+            + _escape(", ".join(path for path, _ in failures))
+        )
         return max(exc.exit_code for _, exc in failures)
     return 0
 
@@ -93,8 +96,10 @@ def _validate_one(args: argparse.Namespace, path: str, registry) -> None:
         import tomli_w
 
         console().print(tomli_w.dumps(manifest.resolved_dict()), markup=False)
-    used = ", ".join(f"{role}={s.component.name} ({s.component.provider})"
-                     for role, s in {**manifest.data_sources, **manifest.selected}.items())
+    used = ", ".join(
+        f"{role}={s.component.name} ({s.component.provider})"
+        for role, s in {**manifest.data_sources, **manifest.selected}.items()
+    )
     console().print(f"[green]ok[/] {_escape(path)}: {_escape(used)}")
 
 
@@ -107,7 +112,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         console().print(f"[yellow]warning:[/] {_escape(warning)}")
     from rlcore.interfaces import LaunchRequest
 
-    run_dir = Path(args.run_dir) if args.run_dir else Path(manifest.core.run.output_dir) / manifest.core.run.name
+    run_dir = (
+        Path(args.run_dir) if args.run_dir else Path(manifest.core.run.output_dir) / manifest.core.run.name
+    )
     request = LaunchRequest(
         manifest_path=str(manifest.path),
         resolved_manifest=_driver_document(manifest),
@@ -162,9 +169,9 @@ def _driver_document(manifest) -> dict[str, Any]:
                 name = chosen.component.name
                 target = getattr(chosen.options, option) if option else None
                 function = f"{name}:{target}" if target else name
-                doc["reward"]["routes"][field[len("routes."):]] = {**options, "function": function}
+                doc["reward"]["routes"][field[len("routes.") :]] = {**options, "function": function}
                 if option:
-                    doc["reward"]["routes"][field[len("routes."):]].pop(option, None)
+                    doc["reward"]["routes"][field[len("routes.") :]].pop(option, None)
         elif isinstance(doc.get(table), dict) and table != "launcher":
             # Options the component's validation rewrote (a relative path made absolute): as validated.
             for key, given in list(doc.get(table, {}).items()):
@@ -205,7 +212,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         table.add_column(column)
     for info in infos:
         provides = "\n".join(f"{kind}: {', '.join(names)}" for kind, names in info.components.items())
-        status = {"ok": "[green]ok[/]", "broken": "[red]broken[/]", "disabled": "[dim]disabled[/]"}[info.status]
+        status = {"ok": "[green]ok[/]", "broken": "[red]broken[/]", "disabled": "[dim]disabled[/]"}[
+            info.status
+        ]
         table.add_row(info.name, info.distribution, info.version, status, _escape(provides or info.error))
     console().print(table)
     if args.verbose:  # each name with the code behind it
@@ -221,7 +230,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         console().print(code)
     for info in infos:
         if info.status == "broken":
-            console().print(f"[red]broken:[/] {info.name} ({info.distribution} {info.version}): {_escape(info.error)}")
+            console().print(
+                f"[red]broken:[/] {info.name} ({info.distribution} {info.version}): {_escape(info.error)}"
+            )
     for (kind, name), providers in conflicts.items():
         console().print(f"[red]conflict:[/] {kind} {name!r} is provided by {' and '.join(providers)}")
     return 0
@@ -254,7 +265,10 @@ def _add_manifest_args(parser: argparse.ArgumentParser, several: bool = False) -
     else:
         parser.add_argument("manifest", help="the run's TOML manifest")
     parser.add_argument(
-        "--set", action="append", metavar="TABLE.KEY=VALUE", help="override a manifest value (repeatable); VALUE is TOML"
+        "--set",
+        action="append",
+        metavar="TABLE.KEY=VALUE",
+        help="override a manifest value (repeatable); VALUE is TOML",
     )
 
 
@@ -262,15 +276,21 @@ def build_parser(registry=None, command_name: str | None = None) -> argparse.Arg
     """The parser: the core commands, and those of ``registry`` (hook ``rlcore_commands``; rlcore's
     own ``data`` and ``eval`` among them) when one is given. ``command_name`` names the one
     registered command whose arguments to add (and whose configure to import); None adds all."""
-    parser = argparse.ArgumentParser(prog="rlcore", description="RL post-training for LLMs from one TOML manifest.")
+    parser = argparse.ArgumentParser(
+        prog="rlcore", description="RL post-training for LLMs from one TOML manifest."
+    )
     parser.add_argument("--version", action="version", version=f"rlcore {__version__}")
-    parser.add_argument("--no-plugins", action="store_true", help="ignore external plugins (also RLCORE_NO_PLUGINS=1)")
+    parser.add_argument(
+        "--no-plugins", action="store_true", help="ignore external plugins (also RLCORE_NO_PLUGINS=1)"
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks for expected errors too")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("run", help="run a manifest")
     _add_manifest_args(p)
-    p.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the run directory's latest checkpoint"
+    )
     p.add_argument("--dry-run", action="store_true", help="show what the launcher would do, without running")
     p.add_argument("--run-dir", help="the run directory (default: run.output_dir/run.name)")
     p.set_defaults(func=cmd_run)
@@ -283,7 +303,10 @@ def build_parser(registry=None, command_name: str | None = None) -> argparse.Arg
     p = sub.add_parser("plugins", help="list installed plugins and their components")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument(
-        "--verbose", "-v", action="store_true", help="also show where each component's factory (and each command) lives"
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="also show where each component's factory (and each command) lives",
     )
     p.set_defaults(func=cmd_plugins)
 
@@ -322,7 +345,9 @@ def _add_command(sub, command, *, configure: bool) -> None:
 
 
 def _unavailable(command, exc: Exception) -> int:
-    where = f" (from {command.distribution})" if command.distribution and command.distribution != "rlcore" else ""
+    where = (
+        f" (from {command.distribution})" if command.distribution and command.distribution != "rlcore" else ""
+    )
     raise RlcoreError(f"the {command.name!r} command{where} is unavailable: {exc}")
 
 
@@ -353,18 +378,28 @@ def _check_plugin_command(registry, name: str) -> None:
     distribution = PLUGIN_COMMANDS.get(name)
     if distribution is None or any(command.name == name for command in registry.commands()):
         return
-    broken = [info for info in registry.plugin_infos() if info.distribution == distribution and info.status == "broken"]
+    broken = [
+        info
+        for info in registry.plugin_infos()
+        if info.distribution == distribution and info.status == "broken"
+    ]
     if broken:
-        raise UsageError(f"rlcore {name}: the {distribution} plugin that provides it failed to load: {broken[0].error}")
+        raise UsageError(
+            f"rlcore {name}: the {distribution} plugin that provides it failed to load: {broken[0].error}"
+        )
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         version(distribution)
     except PackageNotFoundError:
-        raise UsageError(f"rlcore {name}: the command comes with the {distribution} plugin, which is not "
-                         f"installed: pip install {distribution}") from None
-    raise UsageError(f"rlcore {name}: the command comes with the {distribution} plugin, which is installed "
-                     "but turned off (--no-plugins, RLCORE_NO_PLUGINS or RLCORE_DISABLE_PLUGINS)")
+        raise UsageError(
+            f"rlcore {name}: the command comes with the {distribution} plugin, which is not "
+            f"installed: pip install {distribution}"
+        ) from None
+    raise UsageError(
+        f"rlcore {name}: the command comes with the {distribution} plugin, which is installed "
+        "but turned off (--no-plugins, RLCORE_NO_PLUGINS or RLCORE_DISABLE_PLUGINS)"
+    )
 
 
 def _command_name(argv: Sequence[str]) -> str:
@@ -441,9 +476,13 @@ def _configure_logging(debug: bool) -> None:
     level = "DEBUG" if debug else os.environ.get("RLCORE_LOG_LEVEL", "INFO")
     # Written to whatever sys.stderr is at the time: under a live progress bar that is rich's proxy,
     # which prints the line above the bar instead of gluing it onto the bar's line.
-    logger.add(lambda message: sys.stderr.write(message), level=level, colorize=_is_tty(sys.stderr),
-               format="<dim>{time:HH:mm:ss}</dim> <level>{level: <7}</level> {message}",
-               filter=lambda record: not record["extra"].get("file_only"))
+    logger.add(
+        lambda message: sys.stderr.write(message),
+        level=level,
+        colorize=_is_tty(sys.stderr),
+        format="<dim>{time:HH:mm:ss}</dim> <level>{level: <7}</level> {message}",
+        filter=lambda record: not record["extra"].get("file_only"),
+    )
 
 
 def _is_tty(stream) -> bool:

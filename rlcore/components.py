@@ -8,8 +8,9 @@ that provided it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -95,7 +96,7 @@ class Component:
                 f"component {self.name!r}: unknown needs {sorted(unknown)}; known: {sorted(KNOWN_NEEDS)}"
             )
 
-    def stamped(self, **where: str) -> "Component":
+    def stamped(self, **where: str) -> Component:
         return replace(self, **where)
 
     @property
@@ -151,7 +152,7 @@ class Command:
                     f"command {self.name!r}: {field_name} must be a callable or 'module:function', got {value!r}"
                 )
 
-    def stamped(self, **where: str) -> "Command":
+    def stamped(self, **where: str) -> Command:
         return replace(self, **where)
 
     def load_run(self) -> Callable[..., int]:

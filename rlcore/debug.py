@@ -50,6 +50,7 @@ def announce_on(stream) -> None:
     global _announcements
     _announcements = stream
 
+
 ENV_RANK, ENV_PORT, ENV_DIR = "RLCORE_DEBUG_RANK", "RLCORE_DEBUG_PORT", "RLCORE_DEBUG_DIR"
 
 
@@ -170,8 +171,13 @@ def breakpoint(rank: int | None = None, *, port: int | None = None, host: str = 
     bound_host, bound_port = listener.getsockname()[:2]
     where = f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
     record = {
-        "pid": os.getpid(), "rank": _rank(), "host": bound_host, "port": bound_port, "where": where,
-        "function": frame.f_code.co_name if frame is not None else "?", "time": time.time(),
+        "pid": os.getpid(),
+        "rank": _rank(),
+        "host": bound_host,
+        "port": bound_port,
+        "where": where,
+        "function": frame.f_code.co_name if frame is not None else "?",
+        "time": time.time(),
     }
     directory = session_dir()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -182,7 +188,8 @@ def breakpoint(rank: int | None = None, *, port: int | None = None, host: str = 
     print(
         f"rlcore.debug: rank {record['rank']} (pid {record['pid']}) stopped at {where}; "
         f"attach with: {Path(sys.executable).name} -m rlcore.debug {bound_host}:{bound_port}",
-        file=_announcements or sys.stderr, flush=True,
+        file=_announcements or sys.stderr,
+        flush=True,
     )
     try:
         conn, _ = listener.accept()
@@ -191,7 +198,9 @@ def breakpoint(rank: int | None = None, *, port: int | None = None, host: str = 
         path.unlink(missing_ok=True)
         raise
     debugger = _SocketPdb(listener, conn, path)
-    debugger.message(f"rlcore.debug: rank {record['rank']}, pid {record['pid']}, in {record['function']} ({where})")
+    debugger.message(
+        f"rlcore.debug: rank {record['rank']}, pid {record['pid']}, in {record['function']} ({where})"
+    )
     debugger.set_trace(frame)
 
 
@@ -261,26 +270,41 @@ def _choose(target: str | None, wait_s: float) -> tuple[str, int]:
         if found:
             break
         if time.monotonic() >= deadline:
-            raise SystemExit(f"rlcore.debug: no breakpoint {'of pid ' + target + ' ' if target else ''}is waiting "
-                             f"in {session_dir()}")
+            raise SystemExit(
+                f"rlcore.debug: no breakpoint {'of pid ' + target + ' ' if target else ''}is waiting "
+                f"in {session_dir()}"
+            )
         if not announced:
-            print(f"rlcore.debug: waiting for a breakpoint (in {session_dir()}); Ctrl-C to stop", file=sys.stderr, flush=True)
+            print(
+                f"rlcore.debug: waiting for a breakpoint (in {session_dir()}); Ctrl-C to stop",
+                file=sys.stderr,
+                flush=True,
+            )
             announced = True
         time.sleep(0.2)
     if len(found) > 1:
         print("rlcore.debug: waiting breakpoints (attaching to the first):", file=sys.stderr)
         for s in found:
-            print(f"  pid {s['pid']}  rank {s['rank']}  {s['host']}:{s['port']}  {s['where']}", file=sys.stderr)
+            print(
+                f"  pid {s['pid']}  rank {s['rank']}  {s['host']}:{s['port']}  {s['where']}", file=sys.stderr
+            )
     first = found[0]
     return first["host"], int(first["port"])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlcore.debug", description=__doc__.split("\n\n")[0])
-    parser.add_argument("target", nargs="?", help="PID or HOST:PORT of a waiting breakpoint (default: the oldest)")
+    parser.add_argument(
+        "target", nargs="?", help="PID or HOST:PORT of a waiting breakpoint (default: the oldest)"
+    )
     parser.add_argument("--list", action="store_true", help="list the waiting breakpoints and exit")
-    parser.add_argument("--wait", type=float, default=float("inf"), metavar="SECONDS",
-                        help="how long to wait for a breakpoint to be hit (default: until one is)")
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=float("inf"),
+        metavar="SECONDS",
+        help="how long to wait for a breakpoint to be hit (default: until one is)",
+    )
     args = parser.parse_args(argv)
     if args.list:
         for s in sessions():

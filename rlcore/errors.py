@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 
 class RlcoreError(Exception):
@@ -29,13 +29,21 @@ def suggest(hint: str | None) -> str:
 
 
 class UnknownComponentError(UsageError):
-    def __init__(self, kind: str, name: str, available: Iterable[str], install_hint: str | None = None,
-                 maybe_broken: Iterable[str] = ()):
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        available: Iterable[str],
+        install_hint: str | None = None,
+        maybe_broken: Iterable[str] = (),
+    ):
         """``maybe_broken``: plugins that failed to load before saying what they provide, each
         described with its distribution and error (one of them may be the provider)."""
         self.kind, self.name, self.available = kind, name, sorted(available)
         self.suggestion = did_you_mean(name, self.available)
-        parts = [f"unknown {kind.replace('_', ' ')} {name!r}" + ("" if install_hint else suggest(self.suggestion))]
+        parts = [
+            f"unknown {kind.replace('_', ' ')} {name!r}" + ("" if install_hint else suggest(self.suggestion))
+        ]
         if install_hint:
             parts.append(f"it is provided by the distribution {install_hint!r}: pip install {install_hint}")
         parts.append("available: " + (", ".join(self.available) or "(none installed)"))

@@ -10,7 +10,8 @@ trainer's losses use. Imports torch: load only when a harness runs.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -22,7 +23,9 @@ class TrainerPolicy:
     their tokenizer, actor, device and rollout engine). ``quiet()``: held while the engine samples
     (a trainer's scheduler's, which pauses background rollouts)."""
 
-    def __init__(self, roles: Any, batch_tokens: int = 8192, quiet: Callable[[], Any] = contextlib.nullcontext) -> None:
+    def __init__(
+        self, roles: Any, batch_tokens: int = 8192, quiet: Callable[[], Any] = contextlib.nullcontext
+    ) -> None:
         self.roles, self.quiet = roles, quiet
         self.tokenizer = roles.tokenizer
         config = getattr(roles.actor.module, "config", None)
@@ -44,7 +47,9 @@ class TrainerPolicy:
         return [list(samples[0].token_ids) for samples in completions]
 
     @torch.no_grad()
-    def loglikelihood(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[tuple[float, bool]]:
+    def loglikelihood(
+        self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]
+    ) -> list[tuple[float, bool]]:
         module = self.roles.actor.module
         device = self.roles.device
         was_training = module.training
@@ -57,7 +62,7 @@ class TrainerPolicy:
             while start < len(order):
                 longest = len(requests[order[start]][0]) + len(requests[order[start]][1])
                 size = max(1, self.batch_tokens // max(longest, 1))
-                chunk = order[start:start + size]
+                chunk = order[start : start + size]
                 start += size
                 for index, value in zip(chunk, self._score([requests[i] for i in chunk], device, module)):
                     out[index] = value
@@ -65,12 +70,14 @@ class TrainerPolicy:
             module.train(was_training)
         return out  # type: ignore[return-value]
 
-    def _score(self, batch: list[tuple[Sequence[int], Sequence[int]]], device: str, module: Any) -> list[tuple[float, bool]]:
+    def _score(
+        self, batch: list[tuple[Sequence[int], Sequence[int]]], device: str, module: Any
+    ) -> list[tuple[float, bool]]:
         rows = []
         for context, continuation in batch:
             if not continuation:
                 raise ValueError("a log-likelihood request needs a non-empty continuation")
-            ids = (list(context) + list(continuation))[-(self.max_length + 1):]
+            ids = (list(context) + list(continuation))[-(self.max_length + 1) :]
             rows.append((ids[:-1], len(continuation)))  # the last token is only ever a target
         width = max(len(ids) for ids, _ in rows)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -83,7 +90,7 @@ class TrainerPolicy:
         results = []
         for r, ((_context, continuation), (ids, n)) in enumerate(zip(batch, rows)):
             end = len(ids)
-            logp = torch.log_softmax(logits[r, end - n:end], dim=-1)
+            logp = torch.log_softmax(logits[r, end - n : end], dim=-1)
             target = torch.tensor(list(continuation)[-n:], device=logp.device)
             total = logp.gather(1, target[:, None]).sum().item()
             greedy = bool((logp.argmax(-1) == target).all().item())

@@ -20,24 +20,59 @@ from rlcore.errors import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("manifest", help="the run's TOML manifest (its engine, agent loop, reward and [data] val)")
+    parser.add_argument(
+        "manifest", help="the run's TOML manifest (its engine, agent loop, reward and [data] val)"
+    )
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--checkpoint", type=Path, help="a checkpoint directory (step_N), or a run directory for its newest intact checkpoint")
-    source.add_argument("--model", type=Path, help="an exported Hugging Face model directory (rlcore's export, or any)")
-    parser.add_argument("--data", action="append", default=[], metavar="[NAME=]SPEC",
-                        help="an evaluation set (a file or synthetic:<task>), repeatable; default: [data] val")
-    parser.add_argument("--samples", type=int, default=None, metavar="K",
-                        help="samples per prompt; pass@K is reported (default: [rollout] val_samples_per_prompt)")
-    parser.add_argument("--max-prompts", type=int, default=None, metavar="N", help="evaluate on at most N prompts of each set")
-    parser.add_argument("--output", type=Path, default=None, help="the JSON report (default: RUN_DIR/eval/step_N.json for a checkpoint RUN_DIR/checkpoints/step_N, "
-                        "./eval.json for --model or the manifest's own model)")
+    source.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="a checkpoint directory (step_N), or a run directory for its newest intact checkpoint",
+    )
+    source.add_argument(
+        "--model", type=Path, help="an exported Hugging Face model directory (rlcore's export, or any)"
+    )
+    parser.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="[NAME=]SPEC",
+        help="an evaluation set (a file or synthetic:<task>), repeatable; default: [data] val",
+    )
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        metavar="K",
+        help="samples per prompt; pass@K is reported (default: [rollout] val_samples_per_prompt)",
+    )
+    parser.add_argument(
+        "--max-prompts", type=int, default=None, metavar="N", help="evaluate on at most N prompts of each set"
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="the JSON report (default: RUN_DIR/eval/step_N.json for a checkpoint RUN_DIR/checkpoints/step_N, "
+        "./eval.json for --model or the manifest's own model)",
+    )
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.KEY=VALUE")
     harness = parser.add_argument_group("an outside evaluation harness (e.g. lm_eval, from rlcore-lm-eval)")
-    harness.add_argument("--harness", default=None, metavar="NAME",
-                         help="hand the policy (the run's engine and actor) to this harness too; its report is kept beside rlcore's")
+    harness.add_argument(
+        "--harness",
+        default=None,
+        metavar="NAME",
+        help="hand the policy (the run's engine and actor) to this harness too; its report is kept beside rlcore's",
+    )
     harness.add_argument("--tasks", default=None, metavar="A,B", help="the harness's tasks, comma-separated")
-    harness.add_argument("--harness-option", dest="harness_options", action="append", default=[], metavar="KEY=VALUE",
-                         help="one of the harness's options (a TOML value), repeatable: --harness-option num_fewshot=5")
+    harness.add_argument(
+        "--harness-option",
+        dest="harness_options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one of the harness's options (a TOML value), repeatable: --harness-option num_fewshot=5",
+    )
 
 
 def _named_sets(specs: list[str], default: Any, required: bool = True) -> dict[str, Any]:
@@ -45,7 +80,9 @@ def _named_sets(specs: list[str], default: Any, required: bool = True) -> dict[s
         if default is None and not required:
             return {}
         if default is None:
-            raise UsageError("nothing to evaluate on: the manifest has no [data] val; name a set with --data SPEC")
+            raise UsageError(
+                "nothing to evaluate on: the manifest has no [data] val; name a set with --data SPEC"
+            )
         return {"val": default}
     sets: dict[str, str] = {}
     for spec in specs:
@@ -106,10 +143,17 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         results: dict[str, dict[str, float]] = {}
         for name, spec in sets.items():
             try:
-                prompts = load_prompts(spec, role="val", tokenizer=roles.tokenizer, max_prompt_tokens=d.max_prompt_tokens,
-                                       prompt_key=d.prompt_key, base_dir=manifest.base_dir,
-                                       limit=args.max_prompts or d.val_max_prompts,
-                                       chat_template_kwargs=d.chat_template_kwargs, context=roles.context)
+                prompts = load_prompts(
+                    spec,
+                    role="val",
+                    tokenizer=roles.tokenizer,
+                    max_prompt_tokens=d.max_prompt_tokens,
+                    prompt_key=d.prompt_key,
+                    base_dir=manifest.base_dir,
+                    limit=args.max_prompts or d.val_max_prompts,
+                    chat_template_kwargs=d.chat_template_kwargs,
+                    context=roles.context,
+                )
                 roles.scorer.check_data(prompts.prompts, prompts.source)
             except RlcoreError as exc:  # bad input data: a usage error, like a bad manifest
                 raise UsageError(str(exc)) from None
@@ -122,8 +166,12 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 
             component, instance = harness
             directory = Path(tempfile.mkdtemp(prefix=f"rlcore-{component.name}-"))  # moved beside the report
-            harness_report = {"name": component.name, "provider": component.provider, "output_dir": str(directory),
-                              **instance.run(TrainerPolicy(roles), str(directory))}
+            harness_report = {
+                "name": component.name,
+                "provider": component.provider,
+                "output_dir": str(directory),
+                **instance.run(TrainerPolicy(roles), str(directory)),
+            }
     finally:
         for close in roles.closers():
             close()
@@ -174,13 +222,20 @@ def _print_table(report: dict[str, Any]) -> None:
 
     k = report["samples_per_prompt"]
     table = Table(title=f"{report['policy']} (step {report['step']})")
-    for column in ("set", "data source", "prompts", "mean reward", "pass@1") + ((f"pass@{k}",) if k > 1 else ()):
+    for column in ("set", "data source", "prompts", "mean reward", "pass@1") + (
+        (f"pass@{k}",) if k > 1 else ()
+    ):
         table.add_column(column, justify="left" if column in ("set", "data source") else "right")
     for name, metrics in report["sets"].items():
         sources = sorted(key[len("val/") : -len("/pass@1")] for key in metrics if key.endswith("/pass@1"))
         for source in sources:
-            row = [name, source, f"{metrics['prompts']:.0f}", f"{metrics[f'val/{source}/reward/mean']:.4f}",
-                   f"{metrics[f'val/{source}/pass@1']:.4f}"]
+            row = [
+                name,
+                source,
+                f"{metrics['prompts']:.0f}",
+                f"{metrics[f'val/{source}/reward/mean']:.4f}",
+                f"{metrics[f'val/{source}/pass@1']:.4f}",
+            ]
             if k > 1:
                 row.append(f"{metrics[f'val/{source}/pass@{k}']:.4f}")
             table.add_row(*row)

@@ -7,8 +7,9 @@ check a plugin's objects against them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Literal, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -56,7 +57,7 @@ class RolloutEngine(Protocol):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
         """Return ``params.n`` completions for each prompt, in prompt order."""
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load new weights (Hugging Face parameter names) from the trainer.
 
         Engines that serve LoRA adapters may accept a keyword-only ``lora=`` (rank, alpha and
@@ -85,7 +86,9 @@ class RewardInput:
     data_source: str = ""
     extra_info: dict[str, Any] = field(default_factory=dict)
     group: int = 0  # the prompt's position in the batch: a prompt's samples share it (batched rewards)
-    messages: list[dict[str, Any]] = field(default_factory=list)  # the prompt's chat messages, before the template
+    messages: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # the prompt's chat messages, before the template
 
 
 @dataclass
@@ -130,29 +133,29 @@ class AdvantageInput:
     KL penalty; zeros elsewhere. response_mask is 1 on model-generated tokens.
     """
 
-    scores: "torch.Tensor"  # [B] float
-    token_rewards: "torch.Tensor"  # [B, T] float
-    response_mask: "torch.Tensor"  # [B, T] float/bool
-    group_ids: "torch.Tensor"  # [B] long: samples of one prompt share an id
-    values: "torch.Tensor | None" = None  # [B, T] critic values, when the estimator needs a critic
+    scores: torch.Tensor  # [B] float
+    token_rewards: torch.Tensor  # [B, T] float
+    response_mask: torch.Tensor  # [B, T] float/bool
+    group_ids: torch.Tensor  # [B] long: samples of one prompt share an id
+    values: torch.Tensor | None = None  # [B, T] critic values, when the estimator needs a critic
 
 
 class AdvantageEstimator(Protocol):
-    def __call__(self, batch: AdvantageInput) -> tuple["torch.Tensor", "torch.Tensor"]:
+    def __call__(self, batch: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(advantages, returns)``, both [B, T], zero where the mask is 0."""
 
 
 @dataclass
 class PolicyLossInput:
-    logprobs: "torch.Tensor"  # [B, T] current policy, requires grad
-    old_logprobs: "torch.Tensor"  # [B, T] policy that sampled (recomputed by the trainer)
-    advantages: "torch.Tensor"  # [B, T]
-    response_mask: "torch.Tensor"  # [B, T]
-    rollout_logprobs: "torch.Tensor | None" = None  # [B, T] from the engine, for importance correction
+    logprobs: torch.Tensor  # [B, T] current policy, requires grad
+    old_logprobs: torch.Tensor  # [B, T] policy that sampled (recomputed by the trainer)
+    advantages: torch.Tensor  # [B, T]
+    response_mask: torch.Tensor  # [B, T]
+    rollout_logprobs: torch.Tensor | None = None  # [B, T] from the engine, for importance correction
 
 
 class PolicyLoss(Protocol):
-    def __call__(self, batch: PolicyLossInput) -> tuple["torch.Tensor", dict[str, "torch.Tensor"]]:
+    def __call__(self, batch: PolicyLossInput) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Return the per-token loss [B, T] (aggregated by the trainer) and metrics
         (e.g. ``pg_clipfrac``, ``ppo_kl``) as scalar tensors. An optional ``loss_agg_mode``
         attribute names the aggregation the loss is defined with (overriding ``[algorithm]
@@ -196,7 +199,9 @@ class Trajectory:
 
 
 class AgentLoop(Protocol):
-    def run(self, prompts: Sequence[Prompt], engine: RolloutEngine, params: SamplingParams) -> list[Trajectory]:
+    def run(
+        self, prompts: Sequence[Prompt], engine: RolloutEngine, params: SamplingParams
+    ) -> list[Trajectory]:
         """Return ``params.n`` trajectories per prompt, grouped by prompt, in prompt order."""
 
 
@@ -260,7 +265,9 @@ class Launcher(Protocol):
 
 
 class ScoreShaper(Protocol):
-    def shape(self, trajectories: list[Trajectory], scores: list[float]) -> tuple[list[float], dict[str, float]]:
+    def shape(
+        self, trajectories: list[Trajectory], scores: list[float]
+    ) -> tuple[list[float], dict[str, float]]:
         """A round's scores, changed (one per trajectory, in order), and metrics of the change."""
 
 
@@ -309,7 +316,9 @@ class EvalPolicy(Protocol):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[int]]:
         """The response token ids of each prompt (one sample each)."""
 
-    def loglikelihood(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[tuple[float, bool]]:
+    def loglikelihood(
+        self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]
+    ) -> list[tuple[float, bool]]:
         """For each (context ids, continuation ids): the summed log-probability of the continuation
         given the context, and whether greedy decoding would have produced it exactly."""
 
@@ -358,7 +367,7 @@ class BuildContext:
     concurrent: bool = False
 
     @classmethod
-    def from_manifest(cls, manifest: Any, **fields: Any) -> "BuildContext":
+    def from_manifest(cls, manifest: Any, **fields: Any) -> BuildContext:
         """The context of a run of ``manifest`` (an ``rlcore.manifest.loader.ResolvedManifest``):
         what the manifest says is filled in, the rest (device, dtype, tokenizer, actor, ...) comes
         from ``fields``, which may also override the model path (a converted GGUF file)."""

@@ -20,8 +20,15 @@ from rlcore.interfaces import LaunchRequest
 from rlcore.rundir import RunDirLock, lock_holder, run_dir_problems
 
 __all__ = [
-    "RunDirLock", "driver_command", "driver_manifest_path", "latest_checkpoint", "lock_holder", "run_dir_problems",
-    "run_driver_here", "run_driver_manifest", "write_driver_manifest",
+    "RunDirLock",
+    "driver_command",
+    "driver_manifest_path",
+    "latest_checkpoint",
+    "lock_holder",
+    "run_dir_problems",
+    "run_driver_here",
+    "run_driver_manifest",
+    "write_driver_manifest",
 ]
 
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from rlcore.errors import RlcoreError, UsageError
 
@@ -138,7 +139,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = "Plot the training reward, the validation reward and the response length of runs."
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (or metrics.jsonl files)")
     parser.add_argument(
-        "--out", help=f"the PNG to write (default: RUN_DIR/{CURVES_FILE} for one run, ./{CURVES_FILE} for several)"
+        "--out",
+        help=f"the PNG to write (default: RUN_DIR/{CURVES_FILE} for one run, ./{CURVES_FILE} for several)",
     )
 
 

@@ -20,8 +20,9 @@ import contextlib
 import functools
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -111,12 +112,15 @@ def phase(name: str, total: int | None = None, unit: str = "", within_step: bool
 
 def during(name: str, within_step: bool = True) -> Callable[[F], F]:
     """A decorator: the function's calls are a phase ``name``."""
+
     def wrap(function: F) -> F:
         @functools.wraps(function)
         def wrapped(*args, **kwargs):
             with phase(name, within_step=within_step):
                 return function(*args, **kwargs)
+
         return wrapped  # type: ignore[return-value]
+
     return wrap
 
 

@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from importlib.metadata import EntryPoint, entry_points, version as dist_version
+from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import version as dist_version
 from types import ModuleType
-from typing import Any, Iterable
+from typing import Any
 
 import pluggy
 from loguru import logger
 
 from rlcore import hookspecs
 from rlcore.components import KINDS, Command, Component
-from rlcore.kinds import install_hints
 from rlcore.errors import BrokenPluginError, ConflictError, UnknownComponentError, did_you_mean
+from rlcore.kinds import install_hints
 
 ENTRY_POINT_GROUP = "rlcore"
 BUILTIN_MODULES = ("rlcore.builtin",)
@@ -83,7 +85,9 @@ class Registry:
         if external is None:
             external = not _env_flag("RLCORE_NO_PLUGINS")
         if disabled is None:
-            disabled = [p.strip() for p in os.environ.get("RLCORE_DISABLE_PLUGINS", "").split(",") if p.strip()]
+            disabled = [
+                p.strip() for p in os.environ.get("RLCORE_DISABLE_PLUGINS", "").split(",") if p.strip()
+            ]
         self.external = external
         self.disabled = set(disabled)
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
@@ -96,10 +100,12 @@ class Registry:
     # ------------------------------------------------------------------ loading
 
     @classmethod
-    def discover(cls, **kwargs: Any) -> "Registry":
+    def discover(cls, **kwargs: Any) -> Registry:
         registry = cls(**kwargs)
         for module in BUILTIN_MODULES:
-            registry.register(importlib.import_module(module), name=module, distribution="rlcore", builtin=True)
+            registry.register(
+                importlib.import_module(module), name=module, distribution="rlcore", builtin=True
+            )
         if registry.external:
             for ep in entry_points(group=ENTRY_POINT_GROUP):
                 registry._load_entry_point(ep)
@@ -122,7 +128,9 @@ class Registry:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             logger.warning("plugin {} from {} {} failed to import: {!r}", ep.name, dist, ver, exc)
-            self.plugins[name] = PluginInfo(name, dist, ver, status="broken", error=f"{type(exc).__name__}: {exc}")
+            self.plugins[name] = PluginInfo(
+                name, dist, ver, status="broken", error=f"{type(exc).__name__}: {exc}"
+            )
             return
         self.register(module, name=name, distribution=dist, version=ver)
 
@@ -206,7 +214,9 @@ class Registry:
         # A plugin that broke while indexing must not contribute partially.
         broken = {n for n, i in self.plugins.items() if i.status == "broken"}
         for kind in KINDS:
-            self._components[kind] = {n: c for n, c in self._components[kind].items() if c.plugin not in broken}
+            self._components[kind] = {
+                n: c for n, c in self._components[kind].items() if c.plugin not in broken
+            }
         self._indexed = True
 
     # ------------------------------------------------------------------ queries
@@ -252,7 +262,11 @@ class Registry:
         if found is not None:
             return found
         broken = [i for i in self.plugins.values() if i.status == "broken"]
-        providers = [i for i in broken if FIRST_PARTY.get((kind, name)) == i.distribution or name in i.components.get(kind, [])]
+        providers = [
+            i
+            for i in broken
+            if FIRST_PARTY.get((kind, name)) == i.distribution or name in i.components.get(kind, [])
+        ]
         if providers:
             info = providers[0]
             raise BrokenPluginError(
@@ -268,7 +282,11 @@ class Registry:
 def _plugin_label(info: PluginInfo) -> str:
     """``plugin short from rlcore-short 0.1``, or ``rlcore-short 0.1`` where the names agree."""
     dist = f"{info.distribution} {info.version}".strip()
-    return dist if info.name in (info.distribution, info.distribution.replace("-", "_")) else f"plugin {info.name!r} of {dist}"
+    return (
+        dist
+        if info.name in (info.distribution, info.distribution.replace("-", "_"))
+        else f"plugin {info.name!r} of {dist}"
+    )
 
 
 def _check_kind(kind: str) -> None:

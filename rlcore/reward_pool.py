@@ -39,10 +39,12 @@ import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait as wait_connections
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_connections
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Sequence
+from typing import Any, Literal
 
 from loguru import logger
 
@@ -76,7 +78,11 @@ def check_required_fields(prompts: Sequence[Prompt], required: Iterable[str], so
         for prompt in prompts:
             if _missing(prompt, field_name):
                 where = field_name if not field_name.startswith("extra_info.") else field_name
-                hint = " (verl's format keeps it in reward_model.ground_truth)" if field_name == "ground_truth" else ""
+                hint = (
+                    " (verl's format keeps it in reward_model.ground_truth)"
+                    if field_name == "ground_truth"
+                    else ""
+                )
                 raise RlcoreError(
                     f"data {source_name!r}: row {prompt.index} has no {where!r}, which the reward function "
                     f"needs{hint}; fields the reward needs: {', '.join(required)}"
@@ -194,14 +200,20 @@ class _OutputCapture:
             with self.cond:
                 while (at := data.find(self.marker)) >= 0:
                     self._keep(data[:at])
-                    data = data[at + len(self.marker):]
+                    data = data[at + len(self.marker) :]
                     self.markers += 1
                     self.cond.notify_all()
                 # Hold back an end that may be the start of a marker split across reads.
-                cut = next((k for k in range(min(len(data), len(self.marker) - 1), 0, -1)
-                            if self.marker.startswith(data[-k:])), 0)
+                cut = next(
+                    (
+                        k
+                        for k in range(min(len(data), len(self.marker) - 1), 0, -1)
+                        if self.marker.startswith(data[-k:])
+                    ),
+                    0,
+                )
                 self._keep(data[: len(data) - cut])
-                held = data[len(data) - cut:]
+                held = data[len(data) - cut :]
 
     def collect(self) -> tuple[str, int]:
         """The kept tail of the output since the last call, and how many bytes it had in all."""
@@ -254,7 +266,9 @@ def _process_worker(fn: Callable, conn: Connection) -> None:
         try:
             conn.send((ticket, outcome, output))
         except Exception as exc:  # noqa: BLE001 - an unpicklable metric value, say
-            conn.send((ticket, ("invalid", f"result could not be sent back: {type(exc).__name__}: {exc}"), output))
+            conn.send(
+                (ticket, ("invalid", f"result could not be sent back: {type(exc).__name__}: {exc}"), output)
+            )
     os._exit(0)
 
 
@@ -311,7 +325,13 @@ class _ProcessPool:
                     self.state[slot] = "broken"
                     out.append((slot, 0, ("start_failed", f"exit code {proc.exitcode}")))
                 else:
-                    out.append((slot, -1, ("error", f"the reward worker process died ({describe_exit(proc.exitcode)})")))
+                    out.append(
+                        (
+                            slot,
+                            -1,
+                            ("error", f"the reward worker process died ({describe_exit(proc.exitcode)})"),
+                        )
+                    )
                 continue
             if outcome[0] == "ready":
                 self.state[slot] = "ready"
@@ -417,7 +437,7 @@ def describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _in_debugger(pool: "_ProcessPool | _ThreadPool", slot: int) -> bool:
+def _in_debugger(pool: _ProcessPool | _ThreadPool, slot: int) -> bool:
     """Whether the worker of ``slot`` is stopped at an :func:`rlcore.debug.breakpoint` (a thread
     worker: whether this process is)."""
     from rlcore.debug import stopped
@@ -439,10 +459,14 @@ class RewardBatch:
     scores: list[float]
     metrics: dict[str, float] = field(default_factory=dict)
     statuses: list[str] = field(default_factory=list)
-    item_metrics: list[dict[str, float]] = field(default_factory=list)  # each item's own (its "acc": dynamic sampling)
+    item_metrics: list[dict[str, float]] = field(
+        default_factory=list
+    )  # each item's own (its "acc": dynamic sampling)
 
 
-def _batch(scores: list[float], statuses: list[str], item_metrics: list[dict[str, float]], start: float) -> RewardBatch:
+def _batch(
+    scores: list[float], statuses: list[str], item_metrics: list[dict[str, float]], start: float
+) -> RewardBatch:
     metrics = {name: float(statuses.count(status)) for status, name in FAILURE_METRICS.items()}
     sums: dict[str, list[float]] = {}
     for m in item_metrics:
@@ -492,8 +516,11 @@ def score_batched(fn: Any, items: Sequence[RewardInput], timeout_s: float) -> Re
     else:
         failure = None
     if failure is not None:
-        logger.warning("batched reward function: {}; the whole batch scores 0 (counted in {})", failure[1],
-                       FAILURE_METRICS[failure[0]])
+        logger.warning(
+            "batched reward function: {}; the whole batch scores 0 (counted in {})",
+            failure[1],
+            FAILURE_METRICS[failure[0]],
+        )
         return _batch(scores, [failure[0]] * n, item_metrics, start)
     invalid = None
     for i, result in enumerate(box["result"]):
@@ -506,7 +533,9 @@ def score_batched(fn: Any, items: Sequence[RewardInput], timeout_s: float) -> Re
         else:
             statuses[i], invalid = outcome[0], invalid or (i, outcome[1])
     if invalid is not None:
-        logger.warning("batched reward function: item {} {}; such items score 0 (counted in reward/invalid)", *invalid)
+        logger.warning(
+            "batched reward function: item {} {}; such items score 0 (counted in reward/invalid)", *invalid
+        )
     return _batch(scores, statuses, item_metrics, start)
 
 
@@ -547,7 +576,9 @@ class RewardRunner:
             return "thread"
         if isolation in ("fork", "forkserver", "spawn"):
             if isolation not in methods:
-                raise RlcoreError(f"start method {isolation!r} is not available here; available: {', '.join(methods)}")
+                raise RlcoreError(
+                    f"start method {isolation!r} is not available here; available: {', '.join(methods)}"
+                )
             return isolation
         if "fork" in methods:
             return "fork"
@@ -555,7 +586,9 @@ class RewardRunner:
             pickle.dumps(self.fn)
         except Exception as exc:  # noqa: BLE001 - a lambda, a closure, a local class...
             if isolation == "process":
-                raise RlcoreError(f"this platform cannot fork, and the reward function cannot be pickled: {exc}") from None
+                raise RlcoreError(
+                    f"this platform cannot fork, and the reward function cannot be pickled: {exc}"
+                ) from None
             logger.warning(
                 "the reward function cannot be pickled ({}) and this platform cannot fork: scoring in threads, "
                 "where a call past the time limit is abandoned but keeps running",
@@ -564,7 +597,7 @@ class RewardRunner:
             return "thread"
         return "forkserver" if "forkserver" in methods else "spawn"
 
-    def start(self) -> "RewardRunner":
+    def start(self) -> RewardRunner:
         """Start every worker now and wait until they are ready (optional: the first batch does it).
         With fork, calling this before the trainer allocates much keeps the workers small."""
         pool = self._get_pool()
@@ -585,7 +618,9 @@ class RewardRunner:
         if pool is None or "broken" not in pool.state or self.isolation not in ("forkserver", "spawn"):
             return
         if "fork" in multiprocessing.get_all_start_methods():
-            logger.warning("reward workers failed to start with {!r}; using 'fork' from now on", self.isolation)
+            logger.warning(
+                "reward workers failed to start with {!r}; using 'fork' from now on", self.isolation
+            )
             self.close()
             self.isolation = "fork"
 
@@ -642,7 +677,9 @@ class RewardRunner:
                     pool.submit(slot, self._ticket, items[index])
                 except OSError:  # the idle worker died (its pipe is closed): replace it, retry the item
                     deaths += 1
-                    self._log_death(slot, pool.procs[slot].exitcode if pool.procs[slot] else None, "while idle")
+                    self._log_death(
+                        slot, pool.procs[slot].exitcode if pool.procs[slot] else None, "while idle"
+                    )
                     pending.appendleft(index)
                     pool.replace(slot)
                     continue
@@ -706,8 +743,11 @@ class RewardRunner:
             return
         if "output" not in self._logged:
             self._logged.add("output")
-            logger.info("the reward function prints: its output is captured (the last {} bytes of each call go to "
-                        "run.log at debug level; all of it is counted in reward/output_bytes)", OUTPUT_TAIL)
+            logger.info(
+                "the reward function prints: its output is captured (the last {} bytes of each call go to "
+                "run.log at debug level; all of it is counted in reward/output_bytes)",
+                OUTPUT_TAIL,
+            )
         room = _BATCH_OUTPUT_LOG
         for index in sorted(outputs):
             tail, total = outputs[index]
@@ -715,13 +755,19 @@ class RewardRunner:
                 break
             shown = tail[-room:]
             room -= len(shown)
-            logger.debug("reward output of item {} ({} bytes{}):\n{}", index, total,
-                         f", the last {len(shown)} shown" if len(shown) < total else "", shown)
+            logger.debug(
+                "reward output of item {} ({} bytes{}):\n{}",
+                index,
+                total,
+                f", the last {len(shown)} shown" if len(shown) < total else "",
+                shown,
+            )
 
     def _log_death(self, slot: int, code: int | None, when: str) -> None:
         how = f" ({describe_exit(code)})" if code is not None else ""
-        logger.warning("reward worker {} died{} {}; it is replaced, and counted in reward/worker_deaths",
-                       slot, how, when)
+        logger.warning(
+            "reward worker {} died{} {}; it is replaced, and counted in reward/worker_deaths", slot, how, when
+        )
 
     def _log_start_failure(self, detail: str) -> None:
         if "start" not in self._logged:
@@ -747,7 +793,7 @@ class RewardRunner:
             self._pool.close()
             self._pool = None
 
-    def __enter__(self) -> "RewardRunner":
+    def __enter__(self) -> RewardRunner:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 from rlcore.errors import RlcoreError, UsageError
 
 LOCK_FILE = ".lock"
-_HELD: dict[str, "RunDirLock"] = {}  # the locks this process holds, by resolved lock-file path
+_HELD: dict[str, RunDirLock] = {}  # the locks this process holds, by resolved lock-file path
 _BUSY = (errno.EACCES, errno.EAGAIN)  # what a refused non-blocking lock raises
 
 
@@ -80,11 +80,11 @@ def _read_holder(fd: int) -> dict[str, Any]:
 class RunDirLock:
     """The exclusive lock of a run directory, for the life of a run::
 
-        lock = RunDirLock(run_dir).acquire()   # UsageError naming the holder if another run has it
-        try:
-            ...
-        finally:
-            lock.release()
+    lock = RunDirLock(run_dir).acquire()   # UsageError naming the holder if another run has it
+    try:
+        ...
+    finally:
+        lock.release()
     """
 
     def __init__(self, run_dir: str | Path):
@@ -98,7 +98,7 @@ class RunDirLock:
     def held(self) -> bool:
         return self._fd is not None
 
-    def acquire(self) -> "RunDirLock":
+    def acquire(self) -> RunDirLock:
         """Take the lock without waiting. Raises :class:`UsageError` (exit code 2) when a live
         process holds it. Where the filesystem cannot lock at all, warns and goes on unlocked."""
         import fcntl
@@ -113,7 +113,9 @@ class RunDirLock:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except OSError as exc:
-                raise RlcoreError(f"cannot open the lock file of the run directory {self.run_dir}: {exc}") from None
+                raise RlcoreError(
+                    f"cannot open the lock file of the run directory {self.run_dir}: {exc}"
+                ) from None
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -121,8 +123,11 @@ class RunDirLock:
                 os.close(fd)
                 if exc.errno in _BUSY:
                     raise UsageError(in_use_message(self.run_dir, holder)) from None
-                logger.warning("cannot lock the run directory {} ({}); a second run on it would not be detected",
-                               self.run_dir, exc)
+                logger.warning(
+                    "cannot lock the run directory {} ({}); a second run on it would not be detected",
+                    self.run_dir,
+                    exc,
+                )
                 return self
             if _same_file(fd, self.path):
                 break
@@ -131,7 +136,9 @@ class RunDirLock:
             os.close(fd)
         previous = _read_holder(fd)
         if previous.get("pid"):
-            logger.debug("the lock of {} was left by {}, which has ended", self.run_dir, describe_holder(previous))
+            logger.debug(
+                "the lock of {} was left by {}, which has ended", self.run_dir, describe_holder(previous)
+            )
         self.info = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -171,7 +178,7 @@ class RunDirLock:
         finally:
             os.close(fd)
 
-    def __enter__(self) -> "RunDirLock":
+    def __enter__(self) -> RunDirLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

@@ -54,5 +54,11 @@ def build_served_engine(manifest_path: str | Path, overrides: Sequence[str] = ()
     resolved = load_manifest(str(manifest_path), list(overrides), registry=Registry.discover())
     cfg = resolved.core
     roles = build_roles(resolved, "serve")
-    return ServedEngine(engine=roles.engine, tokenizer=roles.tokenizer, model_name=cfg.run.name,
-                        max_tokens=cfg.data.max_response_tokens, stop=list(cfg.rollout.stop), closers=roles.closers())
+    return ServedEngine(
+        engine=roles.engine,
+        tokenizer=roles.tokenizer,
+        model_name=cfg.run.name,
+        max_tokens=cfg.data.max_response_tokens,
+        stop=list(cfg.rollout.stop),
+        closers=roles.closers(),
+    )

@@ -18,15 +18,18 @@ from typing import Any
 from rlcore.errors import RlcoreError, did_you_mean, suggest
 
 
-def load_target(target: str, *, what: str = "function", source: str | None = None,
-                base_dir: str | Path | None = None) -> tuple[Any, str]:
+def load_target(
+    target: str, *, what: str = "function", source: str | None = None, base_dir: str | Path | None = None
+) -> tuple[Any, str]:
     """Import ``FILE.py:NAME`` (relative to ``base_dir``) or ``package.module:NAME`` (``NAME`` may be
     dotted); return the object and a description of where it came from. ``what`` names the object
     in errors ("function", "factory"), ``source`` the file or module ("reward"; default ``what``)."""
     source = source or what
     where, sep, name = target.rpartition(":")
     if not sep or not where or not name:
-        raise RlcoreError(f"expected 'FILE.py:{what.upper()}' or 'package.module:{what.upper()}', got {target!r}")
+        raise RlcoreError(
+            f"expected 'FILE.py:{what.upper()}' or 'package.module:{what.upper()}', got {target!r}"
+        )
     if where.endswith(".py"):
         path = Path(where).expanduser()
         if base_dir is not None and not path.is_absolute():
@@ -39,13 +42,17 @@ def load_target(target: str, *, what: str = "function", source: str | None = Non
         except ModuleNotFoundError as exc:
             raise RlcoreError(f"{source} module {where!r} cannot be imported: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - the module failed while importing
-            raise RlcoreError(f"importing {source} module {where!r} failed: {type(exc).__name__}: {exc}") from None
+            raise RlcoreError(
+                f"importing {source} module {where!r} failed: {type(exc).__name__}: {exc}"
+            ) from None
         origin = f"module {where}"
     obj: Any = module
     for part in name.split("."):
         parent, obj = obj, getattr(obj, part, None)
         if obj is None:
-            available = sorted(n for n, v in vars(parent).items() if not n.startswith("_") and not inspect.ismodule(v))
+            available = sorted(
+                n for n, v in vars(parent).items() if not n.startswith("_") and not inspect.ismodule(v)
+            )
             hint = did_you_mean(part, available)
             raise RlcoreError(
                 f"{origin} has no {what} {name!r}"
@@ -76,10 +83,14 @@ def import_file(path: Path, what: str = "code") -> Any:
         spec.loader.exec_module(module)
     except SyntaxError as exc:
         del sys.modules[module_name]
-        raise RlcoreError(f"syntax error in {what} file {str(path)!r}, line {exc.lineno}: {exc.msg}") from None
+        raise RlcoreError(
+            f"syntax error in {what} file {str(path)!r}, line {exc.lineno}: {exc.msg}"
+        ) from None
     except BaseException as exc:  # noqa: BLE001 - anything the user's file raises at import
         del sys.modules[module_name]
         if isinstance(exc, KeyboardInterrupt):
             raise
-        raise RlcoreError(f"importing {what} file {str(path)!r} failed: {type(exc).__name__}: {exc}") from None
+        raise RlcoreError(
+            f"importing {what} file {str(path)!r} failed: {type(exc).__name__}: {exc}"
+        ) from None
     return module

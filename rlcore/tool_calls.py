@@ -80,7 +80,9 @@ def _call_from_object(obj: Any) -> ToolCall:
         args = {}
     if not isinstance(args, dict):
         raise ValueError(f'the "arguments" of {name!r} must be a JSON object, got {type(args).__name__}')
-    return ToolCall(name=name, arguments=args, id=call_id if isinstance(call_id, str) and call_id else new_call_id())
+    return ToolCall(
+        name=name, arguments=args, id=call_id if isinstance(call_id, str) and call_id else new_call_id()
+    )
 
 
 def parse_hermes(text: str) -> ParsedTurn:

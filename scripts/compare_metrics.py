@@ -45,7 +45,9 @@ def pairs(before: Path, after: Path) -> list[tuple[str, Path, Path]]:
     raise SystemExit(f"expected two metrics.jsonl files or two directories, got {before} and {after}")
 
 
-def compare_rows(label: str, old: list[dict], new: list[dict], ignored: tuple[str, ...]) -> tuple[int, int, list[str]]:
+def compare_rows(
+    label: str, old: list[dict], new: list[dict], ignored: tuple[str, ...]
+) -> tuple[int, int, list[str]]:
     """(rows matched, values matched, differences) between two files' rows."""
     problems = []
     if len(old) != len(new):
@@ -75,8 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("before", type=Path)
     parser.add_argument("after", type=Path)
-    parser.add_argument("--ignore", action="append", default=[], metavar="PREFIX",
-                        help="also leave out keys starting with PREFIX (repeatable)")
+    parser.add_argument(
+        "--ignore",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="also leave out keys starting with PREFIX (repeatable)",
+    )
     args = parser.parse_args(argv)
     ignored = WALL_CLOCK + tuple(args.ignore)
     total_rows = total_values = rows_matched = values_matched = 0
@@ -94,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label}: {rows}/{max(len(old), len(new))} rows, {values} values matched")
     for problem in problems:
         print(problem)
-    print(f"total: {rows_matched}/{total_rows} rows and {values_matched}/{total_values} values matched "
-          f"(ignoring {', '.join(ignored)})")
+    print(
+        f"total: {rows_matched}/{total_rows} rows and {values_matched}/{total_values} values matched "
+        f"(ignoring {', '.join(ignored)})"
+    )
     return 1 if problems else 0
 
 

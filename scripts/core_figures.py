@@ -2,8 +2,11 @@
 
 Run from a checkout: python scripts/core_figures.py [ROOT]. Counts every import statement, module level and
 inside functions (lazy imports included), between modules of the rlcore package."""
+
 from __future__ import annotations
-import ast, sys
+
+import ast
+import sys
 from pathlib import Path
 
 root = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
@@ -19,16 +22,22 @@ for path in sorted(pkg.rglob("*.py")):
 lines = sum(len(p.read_text().splitlines()) for p in modules.values())
 funcs = []
 edges = set()
+
+
 def resolve(name):
     while name and name not in modules:
         name = name.rpartition(".")[0]
     return name or None
+
+
 for mod, path in modules.items():
     tree = ast.parse(path.read_text())
     is_pkg = path.name == "__init__.py"
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            funcs.append((node.end_lineno - node.lineno + 1, f"{path.relative_to(root)}:{node.lineno} {node.name}"))
+            funcs.append(
+                (node.end_lineno - node.lineno + 1, f"{path.relative_to(root)}:{node.lineno} {node.name}")
+            )
         targets = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -46,10 +55,22 @@ for mod, path in modules.items():
                     edges.add((mod, r))
 
 UPPER = ("rlcore.trainer",)
-COMMANDS = ("rlcore.cli", "rlcore.evaluation", "rlcore.debug", "rlcore.serving", "rlcore.data.cli", "rlcore.testing",
-            "rlcore.builtin", "rlcore.__main__")
+COMMANDS = (
+    "rlcore.cli",
+    "rlcore.evaluation",
+    "rlcore.debug",
+    "rlcore.serving",
+    "rlcore.data.cli",
+    "rlcore.testing",
+    "rlcore.builtin",
+    "rlcore.__main__",
+)
+
+
 def under(m, prefixes):
     return any(m == p or m.startswith(p + ".") for p in prefixes)
+
+
 up = sorted((a, b) for a, b in edges if under(b, UPPER) and not under(a, UPPER + COMMANDS))
 cmd_up = sorted((a, b) for a, b in edges if under(b, UPPER) and under(a, COMMANDS))
 print(f"python files in rlcore/: {len(modules)}; lines: {lines}")

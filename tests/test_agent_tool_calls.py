@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rlcore.tool_calls import parse_tool_calls
 
@@ -22,7 +23,11 @@ def test_hermes_calls_and_content():
 
 
 def test_openai_json_styles():
-    wrapped = {"tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": json.dumps({"a": 1})}}]}
+    wrapped = {
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": json.dumps({"a": 1})}}
+        ]
+    }
     turn = parse_tool_calls(json.dumps(wrapped))
     assert [(c.id, c.name, c.arguments) for c in turn.calls] == [("call_1", "f", {"a": 1})]
     bare = parse_tool_calls('```json\n{"name": "g", "arguments": {"b": [1, 2]}}\n```')

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from rlcore.algorithms import (  # noqa: E402
     aggregate,
+    correction_weights,
     credit_masked_rewards,
     discounted_returns,
     entropy_from_logits,
@@ -21,7 +22,6 @@ from rlcore.algorithms import (  # noqa: E402
     masked_mean,
     masked_var,
     masked_whiten,
-    correction_weights,
 )
 from rlcore.algorithms.losses import build_ppo_clip, ppo_clip_loss  # noqa: E402
 from rlcore.algorithms.value import clipped_value_loss  # noqa: E402
@@ -34,7 +34,12 @@ NAN = float("nan")
 
 
 def close(actual, expected, tol=1e-5):
-    return torch.allclose(torch.as_tensor(actual, dtype=torch.float32), torch.as_tensor(expected, dtype=torch.float32), atol=tol, rtol=tol)
+    return torch.allclose(
+        torch.as_tensor(actual, dtype=torch.float32),
+        torch.as_tensor(expected, dtype=torch.float32),
+        atol=tol,
+        rtol=tol,
+    )
 
 
 # ----------------------------------------------------------------------------- masked helpers
@@ -275,7 +280,9 @@ def test_ppo_clip_deterministic_and_all_zero_mask():
     a, _ = fn(batch)
     b, _ = fn(batch)
     assert torch.equal(a, b)
-    empty = PolicyLossInput(batch.logprobs, batch.old_logprobs, batch.advantages, torch.zeros_like(batch.response_mask))
+    empty = PolicyLossInput(
+        batch.logprobs, batch.old_logprobs, batch.advantages, torch.zeros_like(batch.response_mask)
+    )
     loss, metrics = fn(empty)
     assert torch.equal(loss, torch.zeros_like(loss))
     assert all(v.item() == 0.0 for v in metrics.values())
@@ -330,7 +337,9 @@ def test_clipped_value_loss_by_hand():
 
 def test_clipped_value_loss_all_zero_mask():
     values = torch.ones(2, 3, requires_grad=True)
-    loss, metrics = clipped_value_loss(values, values.detach(), torch.zeros(2, 3), torch.zeros(2, 3), 0.5, "seq-mean-token-mean")
+    loss, metrics = clipped_value_loss(
+        values, values.detach(), torch.zeros(2, 3), torch.zeros(2, 3), 0.5, "seq-mean-token-mean"
+    )
     assert loss.item() == 0.0 and metrics["critic/vf_clipfrac"].item() == 0.0
     loss.backward()
     assert torch.equal(values.grad, torch.zeros(2, 3))

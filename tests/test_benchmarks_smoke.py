@@ -17,9 +17,28 @@ pytestmark = pytest.mark.slow
 def test_rollout_benchmark_runs_every_workload(tmp_path):
     out = tmp_path / "rollout.json"
     subprocess.run(
-        [sys.executable, "benchmarks/rollout_gpu.py", "--shape", "tiny", "--device", "cpu", "--prompts", "8",
-         "--max-new", "8", "--no-vllm", "--variants", "eager,plain", "--json", str(out)],
-        cwd=ROOT, check=True, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "benchmarks/rollout_gpu.py",
+            "--shape",
+            "tiny",
+            "--device",
+            "cpu",
+            "--prompts",
+            "8",
+            "--max-new",
+            "8",
+            "--no-vllm",
+            "--variants",
+            "eager,plain",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     results = json.loads(out.read_text())
     for engine in ("rlcore-eager", "rlcore-plain"):
@@ -31,25 +50,58 @@ def test_rollout_benchmark_runs_every_workload(tmp_path):
 def test_grpo_step_benchmark_runs_rlcore_steps(tmp_path):
     out = tmp_path / "grpo.json"
     subprocess.run(
-        [sys.executable, "benchmarks/grpo_step.py", "--shape", "tiny", "--device", "cpu", "--skip-trl", "--steps", "1",
-         "--model-option", "share_prompts=true", "--also-unshared", "--json", str(out)],
-        cwd=ROOT, check=True, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "benchmarks/grpo_step.py",
+            "--shape",
+            "tiny",
+            "--device",
+            "cpu",
+            "--skip-trl",
+            "--steps",
+            "1",
+            "--model-option",
+            "share_prompts=true",
+            "--also-unshared",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     results = json.loads(out.read_text())
     for key in ("rlcore", "rlcore_unshared"):
         step = results[key]
-        assert step["shape"] == "tiny" and step["step_s"] > 0 and step["gen_s"] > 0 and step["update_actor_s"] > 0
+        assert (
+            step["shape"] == "tiny"
+            and step["step_s"] > 0
+            and step["gen_s"] > 0
+            and step["update_actor_s"] > 0
+        )
         assert step["response_length"] > 0 and step["training"]
     # 4 prompts x 2 samples of 16 + 16 tokens: the prompt once per pair when shared
     assert results["rlcore"]["training"]["packed_tokens"] == 4 * (16 + 2 * 16)
-    assert results["rlcore_unshared"]["training"]["packed_tokens"] == results["rlcore"]["training"]["tokens"] == 8 * 32
+    assert (
+        results["rlcore_unshared"]["training"]["packed_tokens"]
+        == results["rlcore"]["training"]["tokens"]
+        == 8 * 32
+    )
 
 
 def test_offload_capacity_benchmark_quick(tmp_path):
     """Tiny shapes on the CPU, each attempt a child process, with and without fsdp_offload."""
     out = tmp_path / "capacity.json"
-    subprocess.run([sys.executable, "benchmarks/offload_capacity.py", "--quick", "--json", str(out)],
-                   cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "benchmarks/offload_capacity.py", "--quick", "--json", str(out)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     results = json.loads(out.read_text())
     assert {(r["offload"], r["layers"]) for r in results} == {(False, 1), (False, 2), (True, 1), (True, 2)}
     assert all(r["fits"] and r["step_s"] > 0 for r in results), results
@@ -59,9 +111,31 @@ def test_async_benchmark_runs_one_step_off_with_a_split_engine(tmp_path):
     """The engine in its own process, one step behind: the trainer's steps and the engine's share."""
     out = tmp_path / "async.json"
     subprocess.run(
-        [sys.executable, "benchmarks/async_gpu.py", "--shape", "tiny", "--device", "cpu", "--steps", "1", "--warmup", "1",
-         "--modes", "split:1", "--micro-batch-tokens", "4096", "--out", str(tmp_path / "work"), "--json", str(out)],
-        cwd=ROOT, check=True, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "benchmarks/async_gpu.py",
+            "--shape",
+            "tiny",
+            "--device",
+            "cpu",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--modes",
+            "split:1",
+            "--micro-batch-tokens",
+            "4096",
+            "--out",
+            str(tmp_path / "work"),
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     run = json.loads(out.read_text())["split:1"]
     assert run["step_s"] > 0 and run["response_length"] == 16

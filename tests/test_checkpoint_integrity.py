@@ -13,8 +13,8 @@ import pytest
 import torch
 from loguru import logger
 
-from rlcore.errors import RlcoreError
 from rlcore.checkpoint import CHECKSUMS_FILE, STATE_FILE, Checkpointer
+from rlcore.errors import RlcoreError
 from rlcore.testing.checkpoints import save_tiny_checkpoint as _save
 from rlcore.testing.checkpoints import tiny_training_state as _parts
 
@@ -37,8 +37,13 @@ def test_save_records_size_and_sha256_of_every_file_before_the_state_file(tmp_pa
     checkpointer = Checkpointer(tmp_path, keep=3)
     path = _save(checkpointer, 1)
     files = json.loads((path / CHECKSUMS_FILE).read_text())["files"]
-    assert set(files) == {"model/model.safetensors", "model/tokenizer.json", "optimizers-rank0.pt",
-                          "rng-rank0.pt", "schedulers.pt"}
+    assert set(files) == {
+        "model/model.safetensors",
+        "model/tokenizer.json",
+        "optimizers-rank0.pt",
+        "rng-rank0.pt",
+        "schedulers.pt",
+    }
     import hashlib
 
     for rel, digest in files.items():
@@ -48,13 +53,16 @@ def test_save_records_size_and_sha256_of_every_file_before_the_state_file(tmp_pa
     assert checkpointer.latest() == path
 
 
-@pytest.mark.parametrize("damage, bad", [
-    ("truncate", "optimizers-rank0.pt"),
-    ("truncate", "model/model.safetensors"),
-    ("flip", "model/model.safetensors"),  # same size, other bytes: only the SHA-256 tells
-    ("delete", "rng-rank0.pt"),
-    ("state", STATE_FILE),
-])
+@pytest.mark.parametrize(
+    "damage, bad",
+    [
+        ("truncate", "optimizers-rank0.pt"),
+        ("truncate", "model/model.safetensors"),
+        ("flip", "model/model.safetensors"),  # same size, other bytes: only the SHA-256 tells
+        ("delete", "rng-rank0.pt"),
+        ("state", STATE_FILE),
+    ],
+)
 def test_resume_falls_back_past_a_damaged_checkpoint_naming_the_bad_file(tmp_path, warnings, damage, bad):
     checkpointer = Checkpointer(tmp_path, keep=3)
     first, second = _save(checkpointer, 1), _save(checkpointer, 2)
@@ -87,7 +95,10 @@ def test_no_intact_checkpoint_left_is_a_located_error(tmp_path):
         checkpointer.latest()
     message = str(caught.value)
     assert f"no intact checkpoint to resume from in {tmp_path / 'checkpoints'}" in message
-    assert str(first / "optimizers-rank0.pt") in message and str(second / "model" / "model.safetensors") in message
+    assert (
+        str(first / "optimizers-rank0.pt") in message
+        and str(second / "model" / "model.safetensors") in message
+    )
     assert checkpointer.latest_intact() is None
     # No checkpoint at all is not an error: the run starts from the beginning.
     assert Checkpointer(tmp_path / "empty").latest() is None
@@ -107,7 +118,10 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(RlcoreError) as caught:
         _save(checkpointer, 2)
     message = str(caught.value)
-    assert f"no space left on device while writing checkpoint {tmp_path / 'checkpoints' / 'step_000002'}" in message
+    assert (
+        f"no space left on device while writing checkpoint {tmp_path / 'checkpoints' / 'step_000002'}"
+        in message
+    )
     assert f"the previous checkpoint {first} is kept" in message
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_000001"]
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_000001"
@@ -201,8 +215,9 @@ def test_the_driver_says_intact_only_when_true(tmp_path, tiny_model, monkeypatch
 def test_rlcore_run_resume_past_a_truncated_checkpoint_and_without_any_intact_one(tmp_path, tiny_model):
     from rlcore.testing.runs import run_cli, train_rows, write_run_manifest
 
-    manifest = write_run_manifest(tmp_path, tiny_model, trainer={"steps": 2, "save_every": 1, "keep_checkpoints": 2},
-                                  data={"val": None})
+    manifest = write_run_manifest(
+        tmp_path, tiny_model, trainer={"steps": 2, "save_every": 1, "keep_checkpoints": 2}, data={"val": None}
+    )
     run_dir = tmp_path / "run"
     first = run_cli("run", str(manifest), "--run-dir", str(run_dir), timeout=600)
     assert first.returncode == 0, first.stdout + first.stderr
@@ -210,7 +225,9 @@ def test_rlcore_run_resume_past_a_truncated_checkpoint_and_without_any_intact_on
     bad = checkpoints / "step_000002" / "optimizers-rank0.pt"
     _truncate(bad)
 
-    resumed = run_cli("run", str(manifest), "--run-dir", str(run_dir), "--resume", "--set", "trainer.steps=3", timeout=600)
+    resumed = run_cli(
+        "run", str(manifest), "--run-dir", str(run_dir), "--resume", "--set", "trainer.steps=3", timeout=600
+    )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     said = " ".join(resumed.stderr.split())
     assert f"checkpoint {checkpoints / 'step_000002'} is damaged: {bad} has 10 bytes" in said, resumed.stderr
@@ -220,9 +237,13 @@ def test_rlcore_run_resume_past_a_truncated_checkpoint_and_without_any_intact_on
 
     for checkpoint in Checkpointer(run_dir).complete():
         _truncate(checkpoint / "model" / "model.safetensors")
-    failed = run_cli("run", str(manifest), "--run-dir", str(run_dir), "--resume", "--set", "trainer.steps=4", timeout=600)
+    failed = run_cli(
+        "run", str(manifest), "--run-dir", str(run_dir), "--resume", "--set", "trainer.steps=4", timeout=600
+    )
     assert failed.returncode == 1, failed.stdout + failed.stderr
     said = " ".join(failed.stdout.split())
-    assert f"error: no intact checkpoint to resume from in {checkpoints}: step_000003: " in said, failed.stdout
+    assert f"error: no intact checkpoint to resume from in {checkpoints}: step_000003: " in said, (
+        failed.stdout
+    )
     assert str(checkpoints / "step_000002" / "model" / "model.safetensors") in said
     assert "Traceback" not in failed.stdout + failed.stderr

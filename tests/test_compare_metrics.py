@@ -17,11 +17,21 @@ def _write(path: Path, rows: list[dict]) -> Path:
 
 
 def _compare(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=60
+    )
 
 
-ROWS = [{"step": 1, "actor/pg_loss": 0.125, "critic/score/mean": 0.5, "timing_s/step": 1.0, "perf/throughput": 9.0},
-        {"step": 1, "val/reward/mean": 0.25, "timing_s/val": 0.5}]
+ROWS = [
+    {
+        "step": 1,
+        "actor/pg_loss": 0.125,
+        "critic/score/mean": 0.5,
+        "timing_s/step": 1.0,
+        "perf/throughput": 9.0,
+    },
+    {"step": 1, "val/reward/mean": 0.25, "timing_s/val": 0.5},
+]
 
 
 def test_equal_runs_match_whatever_the_wall_clock_said(tmp_path):

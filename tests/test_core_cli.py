@@ -86,9 +86,23 @@ def thirdparty_site(tmp_path_factory):
     """The test distribution, installed by pip into its own directory (not merely imported)."""
     target = tmp_path_factory.mktemp("site")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-         "--target", str(target), str(ROOT / "tests" / "fixtures" / "thirdparty")],
-        check=True, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            str(ROOT / "tests" / "fixtures" / "thirdparty"),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     return target
 
@@ -104,12 +118,29 @@ def test_a_pip_installed_third_party_plugin_is_discovered_listed_and_resolved(th
 
     manifest = tmp_path / "m.toml"
     assert main(["init", str(manifest)]) == 0
-    proc = run_cli("validate", str(manifest), "--set", 'reward.function="demo_length"', "--set", "reward.target=12", "--print", env=env)
+    proc = run_cli(
+        "validate",
+        str(manifest),
+        "--set",
+        'reward.function="demo_length"',
+        "--set",
+        "reward.target=12",
+        "--print",
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rlcore-thirdparty-demo 1.2.3" in proc.stdout
     assert "target = 12" in proc.stdout
 
-    proc = run_cli("validate", str(manifest), "--set", 'reward.function="demo_length"', "--set", "reward.target=0", env=env)
+    proc = run_cli(
+        "validate",
+        str(manifest),
+        "--set",
+        'reward.function="demo_length"',
+        "--set",
+        "reward.target=0",
+        env=env,
+    )
     assert proc.returncode == 2 and "[reward.target]" in proc.stdout
 
     proc = run_cli("--no-plugins", "plugins", "--json", env=env)
@@ -120,7 +151,9 @@ def test_a_plugin_whose_import_raises_is_listed_as_broken(tmp_path):
     pkg = tmp_path / "site"
     (pkg / "rlcore_broken_demo").mkdir(parents=True)
     (pkg / "rlcore_broken_demo" / "__init__.py").write_text("")
-    (pkg / "rlcore_broken_demo" / "plugin.py").write_text("raise ImportError('missing dependency: frobnitz')\n")
+    (pkg / "rlcore_broken_demo" / "plugin.py").write_text(
+        "raise ImportError('missing dependency: frobnitz')\n"
+    )
     dist = pkg / "rlcore_broken_demo-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rlcore-broken-demo\nVersion: 0.1\n")
@@ -146,7 +179,11 @@ def test_init_selects_the_installed_defaults_and_names_no_plugin_itself(tmp_path
     target = tmp_path / "r.toml"
     assert main(["init", str(target)]) == 0
     text = target.read_text()
-    for kind, key in (("rollout_engine", "engine"), ("advantage_estimator", "advantage"), ("reward_function", "function")):
+    for kind, key in (
+        ("rollout_engine", "engine"),
+        ("advantage_estimator", "advantage"),
+        ("reward_function", "function"),
+    ):
         defaults = [name for name, c in registry.components(kind).items() if c.default]
         assert len(defaults) == 1, (kind, defaults)
         assert f'{key} = "{defaults[0]}"' in text
@@ -159,4 +196,7 @@ def test_init_selects_the_installed_defaults_and_names_no_plugin_itself(tmp_path
     capsys.readouterr()
     assert main(["--no-plugins", "validate", str(bare)]) == 2
     out = capsys.readouterr().out
-    assert "[rollout.engine] required key is missing" in out and "[algorithm.advantage] required key is missing" in out
+    assert (
+        "[rollout.engine] required key is missing" in out
+        and "[algorithm.advantage] required key is missing" in out
+    )

@@ -21,7 +21,21 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_synthetic(tmp_path, capsys):
     out = tmp_path / "add.parquet"
-    args = parse("synthetic", "--task", "addition", "--size", "25", "--seed", "4", "--split", "test", "--param", "digits=2", "--output", str(out))
+    args = parse(
+        "synthetic",
+        "--task",
+        "addition",
+        "--size",
+        "25",
+        "--seed",
+        "4",
+        "--split",
+        "test",
+        "--param",
+        "digits=2",
+        "--output",
+        str(out),
+    )
     assert cli.run(args) == 0
     assert read_rows(out) == generate("addition", size=25, seed=4, split="test", digits=2)
     assert str(out) in capsys.readouterr().out
@@ -29,11 +43,31 @@ def test_synthetic(tmp_path, capsys):
 
 def test_synthetic_errors(tmp_path):
     with pytest.raises(UsageError, match="KEY=VALUE"):
-        cli.run(parse("synthetic", "--task", "addition", "--param", "digits", "--output", str(tmp_path / "a.parquet")))
+        cli.run(
+            parse(
+                "synthetic",
+                "--task",
+                "addition",
+                "--param",
+                "digits",
+                "--output",
+                str(tmp_path / "a.parquet"),
+            )
+        )
     with pytest.raises(RlcoreError, match="did you mean 'addition'"):
         cli.run(parse("synthetic", "--task", "additon", "--output", str(tmp_path / "a.parquet")))
     with pytest.raises(RlcoreError, match="digits"):
-        cli.run(parse("synthetic", "--task", "addition", "--param", "digits=99", "--output", str(tmp_path / "a.parquet")))
+        cli.run(
+            parse(
+                "synthetic",
+                "--task",
+                "addition",
+                "--param",
+                "digits=99",
+                "--output",
+                str(tmp_path / "a.parquet"),
+            )
+        )
     with pytest.raises(SystemExit):
         parse("synthetic", "--task", "addition")  # --output is required
 

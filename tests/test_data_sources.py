@@ -53,14 +53,24 @@ class CountingSource:
 
     def rows(self, role):
         split = self.options.split or ("test" if role == "val" else "train")
-        return [{"prompt": f"{self.options.word} {split} {i}", "data_source": "counting"} for i in range(self.options.size)]
+        return [
+            {"prompt": f"{self.options.word} {split} {i}", "data_source": "counting"}
+            for i in range(self.options.size)
+        ]
 
 
 class SourcePlugin:
     @rlcore.hookimpl
     def rlcore_data_sources(self):
-        return [Component("counting", factory=lambda options, context: CountingSource(options), options=CountingOptions,
-                          target_option="word", description="rows that count")]
+        return [
+            Component(
+                "counting",
+                factory=lambda options, context: CountingSource(options),
+                options=CountingOptions,
+                target_option="word",
+                description="rows that count",
+            )
+        ]
 
 
 @pytest.fixture
@@ -97,19 +107,25 @@ def test_bad_specs_are_explained(registry):
     assert "unknown data source 'countin'" in check_data_spec("countin:x", registry=registry)
     assert "did you mean 'counting'" in check_data_spec("countin:x", registry=registry)
     bad = check_data_spec("counting:x?size=many", registry=registry)
-    assert "size" in bad and "integer" in bad and "options of data source 'counting': word, size, split" in bad
+    assert (
+        "size" in bad and "integer" in bad and "options of data source 'counting': word, size, split" in bad
+    )
     assert "unknown option" in check_data_spec("counting:x?colour=red", registry=registry)
     assert check_data_spec("synthetic:addition?size=3") is None  # the builtin source
 
 
 def test_a_source_spec_is_validated_with_the_manifest_and_located(tmp_path, registry):
     path = tmp_path / "m.toml"
-    path.write_text(VALID.replace('train = "synthetic:addition"', 'train = "counting:x?size=0x"\nval = "counting:y"'))
+    path.write_text(
+        VALID.replace('train = "synthetic:addition"', 'train = "counting:x?size=0x"\nval = "counting:y"')
+    )
     with pytest.raises(ManifestError) as err:
         load_manifest(path, registry=registry)
     text = str(err.value)
     assert "m.toml:8: [data.train]" in text and "size" in text and "data.val" not in text
-    text = VALID.replace('[data]\ntrain = "synthetic:addition"', '[data.train]\nsource = "counting"\nsize = 2')
+    text = VALID.replace(
+        '[data]\ntrain = "synthetic:addition"', '[data.train]\nsource = "counting"\nsize = 2'
+    )
     path.write_text(text)
     manifest = load_manifest(path, registry=registry)
     assert manifest.core.data.train == {"source": "counting", "size": 2}
@@ -148,10 +164,22 @@ class FileSourcePlugin:
                 def rows(self, role):
                     from pathlib import Path
 
-                    return [{"prompt": line, "data_source": "lines"} for line in Path(options.file).read_text().split()]
+                    return [
+                        {"prompt": line, "data_source": "lines"}
+                        for line in Path(options.file).read_text().split()
+                    ]
+
             return Rows()
 
-        return [Component("lines", factory=build, options=FileOptions, target_option="file", description="a file's words")]
+        return [
+            Component(
+                "lines",
+                factory=build,
+                options=FileOptions,
+                target_option="file",
+                description="a file's words",
+            )
+        ]
 
 
 def test_a_source_naming_a_file_reads_it_relative_to_the_manifest(tmp_path, registry, monkeypatch):
@@ -166,5 +194,7 @@ def test_a_source_naming_a_file_reads_it_relative_to_the_manifest(tmp_path, regi
     assert manifest.data_sources["data.train"].options.file == str(tmp_path / "words.txt")
     rows, _ = read_source("lines:words.txt", tmp_path, registry=registry)
     assert [r["prompt"] for r in rows] == ["alpha", "beta"]
-    assert "no file" in check_data_spec("lines:words.txt", registry=registry)  # no manifest: the working directory
+    assert "no file" in check_data_spec(
+        "lines:words.txt", registry=registry
+    )  # no manifest: the working directory
     assert check_data_spec("lines:words.txt", tmp_path, registry=registry) is None

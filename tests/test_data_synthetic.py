@@ -75,7 +75,12 @@ def test_arithmetic_answers_are_the_value_of_the_expression():
 
 def test_parse_spec():
     name, params = parse_spec("synthetic:addition?size=12&seed=3&digits=2&split=test")
-    assert name == "addition" and (params.size, params.seed, params.digits, params.split) == (12, 3, 2, "test")
+    assert name == "addition" and (params.size, params.seed, params.digits, params.split) == (
+        12,
+        3,
+        2,
+        "test",
+    )
     name, params = parse_spec("synthetic:arithmetic")
     assert name == "arithmetic" and params.steps == 2
 

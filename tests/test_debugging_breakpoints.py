@@ -27,18 +27,42 @@ def test_breakpoint_on_rank_1_of_two_torchrun_ranks(tmp_path, tiny_model):
     markers = tmp_path / "markers"
     markers.mkdir()
     manifest = write_run_manifest(
-        tmp_path, tiny_model,
+        tmp_path,
+        tiny_model,
         reward={"function": "python:reward.py:score", "method": None, "timeout_s": 2},
         data={"val": None},
         trainer={"steps": 2},
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MARKERS": str(markers), "RLCORE_DEBUG_DIR": str(tmp_path / "debug")}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MARKERS": str(markers),
+        "RLCORE_DEBUG_DIR": str(tmp_path / "debug"),
+    }
     env.pop("RLCORE_DEBUG_RANK", None)
     run = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-         f"--master-port={_free_port()}", "-m", "rlcore", "run", str(manifest), "--run-dir", str(tmp_path / "run")],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        cwd=tmp_path, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=1",
+            "--nproc-per-node=2",
+            "--master-addr=127.0.0.1",
+            f"--master-port={_free_port()}",
+            "-m",
+            "rlcore",
+            "run",
+            str(manifest),
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+        start_new_session=True,
     )
     client = DebugClient(env, wait_s=90)
     try:

@@ -39,5 +39,9 @@ def test_every_manifest_key_on_the_page_exists():
     registry = Registry.discover()
     named = KEY.findall(PAGE.read_text(encoding="utf-8"))
     assert len(named) > 40
-    unknown = [f"[{t}{s}] {k}" for t, s, k in named if t not in Manifest.model_fields or k not in _keys_of(t, s, registry)]
+    unknown = [
+        f"[{t}{s}] {k}"
+        for t, s, k in named
+        if t not in Manifest.model_fields or k not in _keys_of(t, s, registry)
+    ]
     assert not unknown, unknown

@@ -21,10 +21,14 @@ def test_relative_paths_are_absolute_in_the_driver_manifest(tmp_path, tiny_model
     shutil.copy(FIXTURES / "dense_rewards.py", here / "dense_rewards.py")
     shutil.copytree(tiny_model, here / "critic-model")
     manifest = write_run_manifest(
-        here, tiny_model,
+        here,
+        tiny_model,
         critic={"path": "critic-model"},
-        reward={"function": "python:dense_rewards.py:upper", "method": None,
-                "routes": {"other/source": {"function": "python:dense_rewards.py:digits"}}},
+        reward={
+            "function": "python:dense_rewards.py:upper",
+            "method": None,
+            "routes": {"other/source": {"function": "python:dense_rewards.py:digits"}},
+        },
     )
     doc = _driver_document(load_manifest(manifest))
     elsewhere = tmp_path / "elsewhere"

@@ -16,10 +16,10 @@ from rlcore.trainer.filling import BatchMaker, Filling
 
 dapo = pytest.importorskip("rlcore_algo_dapo")
 
-from rlcore.trainer import filling  # noqa: E402
 from rlcore_algo_dapo import plugin, shaping  # noqa: E402
 from rlcore_algo_dapo.shapers import Overlong  # noqa: E402
 
+from rlcore.trainer import filling  # noqa: E402
 
 # ----------------------------------------------------------------------------- the pure functions
 
@@ -28,7 +28,10 @@ def test_accuracy_is_the_rewards_acc_else_its_score():
     items = filling.reward_items([1.0, -1.0, 0.5], [{"acc": 1.0}, {"acc": 0.0}, {}])
     assert items == [{"acc": 1.0, "score": 1.0}, {"acc": 0.0, "score": -1.0}, {"score": 0.5}]
     assert shaping.accuracies_of(items) == [1.0, 0.0, 0.5]
-    assert shaping.accuracies_of(filling.reward_items([0.25, 0.0], [])) == [0.25, 0.0]  # a reward reporting nothing per item
+    assert shaping.accuracies_of(filling.reward_items([0.25, 0.0], [])) == [
+        0.25,
+        0.0,
+    ]  # a reward reporting nothing per item
     with pytest.raises(ValueError, match="2 reward metrics for 3 scores"):
         filling.reward_items([1, 2, 3], [{}, {}])
 
@@ -52,10 +55,16 @@ def test_rounds_cap_the_total_and_zero_is_unlimited():
 
 
 def test_completing_a_batch_keeps_pads_or_raises():
-    assert filling.complete_batch(["a", "b", "c"], ["x"], 2, "raise", rounds=1) == (["a", "b"], 0)  # extra groups discarded
+    assert filling.complete_batch(["a", "b", "c"], ["x"], 2, "raise", rounds=1) == (
+        ["a", "b"],
+        0,
+    )  # extra groups discarded
     assert filling.complete_batch(["a"], ["x", "y", "z"], 3, "pad", rounds=2) == (["a", "x", "y"], 2)
-    with pytest.raises(filling.SamplingExhausted, match=r"step 7: dynamic sampling found 1 of the 3 informative groups a step "
-                                                r"needs in 2 generation round\(s\).*max_generation_rounds \(0 = unlimited\)"):
+    with pytest.raises(
+        filling.SamplingExhausted,
+        match=r"step 7: dynamic sampling found 1 of the 3 informative groups a step "
+        r"needs in 2 generation round\(s\).*max_generation_rounds \(0 = unlimited\)",
+    ):
         filling.complete_batch(["a"], ["x", "y"], 3, "raise", rounds=2, where="step 7: ")
     with pytest.raises(filling.SamplingExhausted, match="only 1 groups left out to pad the other 2 with"):
         filling.complete_batch(["a"], ["x"], 3, "pad", rounds=1)
@@ -69,12 +78,16 @@ class Plan:
     unplanned prompt's samples are all wrong, of one token. ``signed``: score +1/-1 and report
     ``acc`` 1/0 (as math_dapo), else score 1/0 and report nothing per item (as gsm8k)."""
 
-    def __init__(self, plan: dict[int, list[tuple[bool, int]]], per_round: int = 2, n: int = 2, signed: bool = False):
+    def __init__(
+        self, plan: dict[int, list[tuple[bool, int]]], per_round: int = 2, n: int = 2, signed: bool = False
+    ):
         self.plan, self.per_round, self.n, self.signed = plan, per_round, n, signed
         self.rounds: list[list[int]] = []
 
     def inputs(self, step, cursor):
-        prompts = [Prompt(token_ids=[i], messages=[], ground_truth="1", index=i) for i in cursor.take(self.per_round)]
+        prompts = [
+            Prompt(token_ids=[i], messages=[], ground_truth="1", index=i) for i in cursor.take(self.per_round)
+        ]
         return prompts, SamplingParams(n=self.n, max_new_tokens=4, seed=11)
 
     def generate(self, prompts, params):
@@ -83,8 +96,15 @@ class Plan:
         for p in prompts:
             for k in range(params.n):
                 correct, length = self.plan.get(p.index, [(False, 1)] * params.n)[k]
-                out.append(Trajectory(prompt=p, response_ids=[1] * length, response_mask=[1] * length,
-                                      rollout_logprobs=[0.0] * length, metrics={"correct": float(correct)}))
+                out.append(
+                    Trajectory(
+                        prompt=p,
+                        response_ids=[1] * length,
+                        response_mask=[1] * length,
+                        rollout_logprobs=[0.0] * length,
+                        metrics={"correct": float(correct)},
+                    )
+                )
         return out
 
     def score(self, trajectories, tokenizer):  # the scorer's plain form
@@ -99,7 +119,12 @@ class Plan:
 
 
 # The groups of test_acc_and_score_keep_different_groups_by_hand, one round of four prompts.
-GROUPS = {0: [(True, 3), (True, 4)], 1: [(True, 1), (False, 1)], 2: [(False, 1), (False, 1)], 3: [(True, 4), (True, 4)]}
+GROUPS = {
+    0: [(True, 3), (True, 4)],
+    1: [(True, 1), (False, 1)],
+    2: [(False, 1), (False, 1)],
+    3: [(True, 4), (True, 4)],
+}
 
 
 def _make(fake, step=0, cursor=None, groups=0, **options):
@@ -109,7 +134,9 @@ def _make(fake, step=0, cursor=None, groups=0, **options):
     sampling = plugin.rlcore_batch_filters()[0]
     assert sampling.name == "dynamic_sampling"
     built = sampling.build({"max_generation_rounds": 1} | options, None)
-    f = Filling(shapers=[Overlong(buffer=2, penalty=1.0, max_response_tokens=4)], filters=[built], groups=groups)
+    f = Filling(
+        shapers=[Overlong(buffer=2, penalty=1.0, max_response_tokens=4)], filters=[built], groups=groups
+    )
     return BatchMaker(fake, None, fake.inputs, f).make(fake.generate, step, cursor, 0), cursor
 
 
@@ -122,7 +149,10 @@ def test_acc_drops_the_all_correct_group_that_score_keeps_for_its_lengths(signed
     # Both train on the penalised score: group 1 is 1 and 0 (or +1 and -1), 1 token each, no penalty.
     assert by_acc.scores == ([1.0, -1.0] if signed else [1.0, 0.0])
     assert by_score.scores == ([0.5, 0.0] if signed else [0.5, 0.0])
-    assert by_acc.metrics["dynamic_sampling/groups_dropped"] == 3 and by_score.metrics["dynamic_sampling/groups_dropped"] == 2
+    assert (
+        by_acc.metrics["dynamic_sampling/groups_dropped"] == 3
+        and by_score.metrics["dynamic_sampling/groups_dropped"] == 2
+    )
 
 
 def test_acc_is_the_default_metric():
@@ -131,8 +161,11 @@ def test_acc_is_the_default_metric():
 
 
 def test_out_of_rounds_it_raises_as_verl_does():
-    with pytest.raises(filling.SamplingExhausted, match="step 3: dynamic sampling found 0 of the 2 informative groups a step "
-                                                r"needs in 3 generation round\(s\)"):
+    with pytest.raises(
+        filling.SamplingExhausted,
+        match="step 3: dynamic sampling found 0 of the 2 informative groups a step "
+        r"needs in 3 generation round\(s\)",
+    ):
         _make(Plan({}), step=2, max_generation_rounds=3, on_exhausted="raise")
 
 
@@ -140,16 +173,23 @@ def test_unlimited_rounds_go_on_until_the_step_is_full():
     fake = Plan({13: [(True, 1), (False, 1)], 17: [(False, 1), (True, 1)]})
     batch, cursor = _make(fake, max_generation_rounds=0, on_exhausted="raise")
     assert [p.index for p in batch.prompts] == [13, 17]
-    assert len(fake.rounds) == 9 and batch.metrics["dynamic_sampling/rounds"] == 9  # prompts 0-17, two a round
+    assert (
+        len(fake.rounds) == 9 and batch.metrics["dynamic_sampling/rounds"] == 9
+    )  # prompts 0-17, two a round
     assert cursor.state() == {"epoch": 0, "offset": 18} and not batch.padding
 
 
 def test_padding_marks_the_padded_groups_trajectories():
-    batch, _ = _make(Plan({3: [(True, 1), (False, 1)]}, n=2), max_generation_rounds=2, groups=3, on_exhausted="pad")
+    batch, _ = _make(
+        Plan({3: [(True, 1), (False, 1)]}, n=2), max_generation_rounds=2, groups=3, on_exhausted="pad"
+    )
     # Rounds of two prompts: 0, 1 (uniform), 2, 3 (3 informative); padded with 0 and 1, in that order.
     assert [p.index for p in batch.prompts] == [3, 0, 1]
     assert batch.padding == [False, False, True, True, True, True]
-    assert batch.metrics["dynamic_sampling/groups_kept"] == 1 and batch.metrics["dynamic_sampling/groups_padded"] == 2
+    assert (
+        batch.metrics["dynamic_sampling/groups_kept"] == 1
+        and batch.metrics["dynamic_sampling/groups_padded"] == 2
+    )
 
 
 def test_gen_batch_size_draws_more_prompts_a_round_and_keeps_the_step_size():
@@ -158,11 +198,16 @@ def test_gen_batch_size_draws_more_prompts_a_round_and_keeps_the_step_size():
     cursor = DataCursor(size=1000, seed=0, shuffle=False)
     first, _ = _make(fake, cursor=cursor, groups=2, max_generation_rounds=3)
     assert [p.index for p in first.prompts] == [1, 3] and first.metrics["dynamic_sampling/rounds"] == 1
-    assert first.cursor == {"epoch": 0, "offset": 6}  # the whole round's prompts are used, 4 of them discarded
+    assert first.cursor == {
+        "epoch": 0,
+        "offset": 6,
+    }  # the whole round's prompts are used, 4 of them discarded
     second, _ = _make(fake, step=1, cursor=cursor, groups=2, max_generation_rounds=3)
     # Step 2's three rounds: 6-11 (9 informative), 12-17, 18-23; padded with 6, its first uniform group.
     assert fake.rounds == [list(range(lo, lo + 6)) for lo in (0, 6, 12, 18)]
-    assert [p.index for p in second.prompts] == [9, 6] and second.metrics["dynamic_sampling/groups_padded"] == 1
+    assert [p.index for p in second.prompts] == [9, 6] and second.metrics[
+        "dynamic_sampling/groups_padded"
+    ] == 1
     assert second.cursor == {"epoch": 0, "offset": 24}
 
 
@@ -183,8 +228,12 @@ def test_the_manifest_keys_and_their_checks(tmp_path, tiny_model):
     from rlcore.errors import RlcoreError
     from rlcore.interfaces import BuildContext
 
-    ok = _validate(tmp_path, tiny_model, data={"gen_batch_size": 12},
-                   filters={"dynamic_sampling": {"max_generation_rounds": 0, "on_exhausted": "raise"}})
+    ok = _validate(
+        tmp_path,
+        tiny_model,
+        data={"gen_batch_size": 12},
+        filters={"dynamic_sampling": {"max_generation_rounds": 0, "on_exhausted": "raise"}},
+    )
     chosen = ok.selected["filters.dynamic_sampling"]
     options = chosen.options
     assert (options.metric, options.max_generation_rounds, options.on_exhausted) == ("acc", 0, "raise")
@@ -193,8 +242,12 @@ def test_the_manifest_keys_and_their_checks(tmp_path, tiny_model):
     assert (built.metric, built.max_rounds, built.on_exhausted) == ("acc", 0, "raise")
     with pytest.raises(RlcoreError, match="with no batch filter .* every generated group trains"):
         _validate(tmp_path, tiny_model, data={"gen_batch_size": 12})
-    few = _validate(tmp_path, tiny_model, data={"gen_batch_size": 1},
-                    filters={"dynamic_sampling": {"max_generation_rounds": 3}})
+    few = _validate(
+        tmp_path,
+        tiny_model,
+        data={"gen_batch_size": 1},
+        filters={"dynamic_sampling": {"max_generation_rounds": 3}},
+    )
     chosen = few.selected["filters.dynamic_sampling"]
     with pytest.raises(RlcoreError, match="cannot fill a step of data.prompts_per_step = 4 groups"):
         chosen.component.build(chosen.options, BuildContext.from_manifest(few))
@@ -212,9 +265,14 @@ def _trainer(tmp_path, tiny_model, name, mini_batches):
 
     directory = tmp_path / name
     directory.mkdir()
-    manifest = write_run_manifest(directory, tiny_model, rollout={"samples_per_prompt": 2},
-                                  algorithm={"mini_batches": mini_batches, "ppo_epochs": 2},
-                                  filters={"dynamic_sampling": {}}, data={"prompts_per_step": 4, "max_response_tokens": 6})
+    manifest = write_run_manifest(
+        directory,
+        tiny_model,
+        rollout={"samples_per_prompt": 2},
+        algorithm={"mini_batches": mini_batches, "ppo_epochs": 2},
+        filters={"dynamic_sampling": {}},
+        data={"prompts_per_step": 4, "max_response_tokens": 6},
+    )
     trainer = RLTrainer(load_manifest(manifest), directory / "run")
     trainer.setup()
     return trainer
@@ -235,9 +293,19 @@ def test_padded_groups_leave_the_update_as_the_found_groups_alone_would_make_it(
         real = padded.scheduler.maker.make(padded.rollout.generate, 0, padded.cursor.copy(), 0)
         n = real.params.n
         scores = [1.0, 0.0, 0.0, 1.0] + [0.5] * (2 * n)  # two informative groups, two uniform
-        with_padding = type(real)(0, real.prompts, real.params, real.trajectories, scores, real.cursor, {},
-                                  [False] * (2 * n) + [True] * (2 * n))
-        found = type(real)(0, real.prompts[:2], real.params, real.trajectories[: 2 * n], scores[: 2 * n], real.cursor, {})
+        with_padding = type(real)(
+            0,
+            real.prompts,
+            real.params,
+            real.trajectories,
+            scores,
+            real.cursor,
+            {},
+            [False] * (2 * n) + [True] * (2 * n),
+        )
+        found = type(real)(
+            0, real.prompts[:2], real.params, real.trajectories[: 2 * n], scores[: 2 * n], real.cursor, {}
+        )
         for step in range(2):
             padded.scheduler.next_batch = lambda step, timer: with_padding
             alone.scheduler.next_batch = lambda step, timer: found
@@ -264,22 +332,49 @@ def test_over_generation_trains_and_resumes_exactly(tmp_path, tiny_model):
     from rlcore.testing.runs import read_metrics, write_run_manifest
 
     # A reward a random model's samples differ in (the tiny model solves nothing): a third score 1.
-    (tmp_path / "rewards.py").write_text("def score(item):\n    return float(sum(map(ord, item.response)) % 3 == 0)\n")
+    (tmp_path / "rewards.py").write_text(
+        "def score(item):\n    return float(sum(map(ord, item.response)) % 3 == 0)\n"
+    )
     manifest = write_run_manifest(
-        tmp_path, tiny_model, rollout={"samples_per_prompt": 4, "temperature": 1.0},
-        data={"prompts_per_step": 2, "gen_batch_size": 6, "val": None,
-              "train": "synthetic:addition?size=16&seed=0&split=train"},  # 16 prompts: the steps cross an epoch
+        tmp_path,
+        tiny_model,
+        rollout={"samples_per_prompt": 4, "temperature": 1.0},
+        data={
+            "prompts_per_step": 2,
+            "gen_batch_size": 6,
+            "val": None,
+            "train": "synthetic:addition?size=16&seed=0&split=train",
+        },  # 16 prompts: the steps cross an epoch
         reward={"function": f"python:{tmp_path / 'rewards.py'}:score", "method": None},
         filters={"dynamic_sampling": {"max_generation_rounds": 2}},
         trainer={"steps": 3},
     )
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert main(["run", str(manifest), "--run-dir", str(straight)]) == 0
-    assert main(["run", str(manifest), "--run-dir", str(resumed), "--set", "trainer.steps=2",
-                 "--set", "trainer.save_every=1"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(manifest),
+                "--run-dir",
+                str(resumed),
+                "--set",
+                "trainer.steps=2",
+                "--set",
+                "trainer.save_every=1",
+            ]
+        )
+        == 0
+    )
     assert main(["run", str(manifest), "--run-dir", str(resumed), "--resume"]) == 0
-    keys = ("critic/score/mean", "response_length/mean", "dynamic_sampling/rounds", "dynamic_sampling/groups_dropped",
-            "training/epoch", "actor/pg_loss")
+    keys = (
+        "critic/score/mean",
+        "response_length/mean",
+        "dynamic_sampling/rounds",
+        "dynamic_sampling/groups_dropped",
+        "training/epoch",
+        "actor/pg_loss",
+    )
     rows = lambda run: [{k: r.get(k) for k in keys} for r in read_metrics(run) if "actor/pg_loss" in r]  # noqa: E731
     assert len(rows(straight)) == 3
     assert rows(resumed) == rows(straight)
@@ -293,9 +388,17 @@ def test_a_run_out_of_rounds_stops_with_the_reason_and_no_traceback(tmp_path, ti
     from rlcore.testing.runs import run_cli, write_run_manifest
 
     # The tiny model solves nothing: every group is all wrong, and on_exhausted = "raise" stops at step 1.
-    manifest = write_run_manifest(tmp_path, tiny_model, data={"val": None}, trainer={"steps": 2},
-                                  filters={"dynamic_sampling": {"max_generation_rounds": 2, "on_exhausted": "raise"}})
+    manifest = write_run_manifest(
+        tmp_path,
+        tiny_model,
+        data={"val": None},
+        trainer={"steps": 2},
+        filters={"dynamic_sampling": {"max_generation_rounds": 2, "on_exhausted": "raise"}},
+    )
     proc = run_cli("run", str(manifest), "--run-dir", str(tmp_path / "run"), timeout=600)
     out = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 1 and "Traceback" not in out, out[-2000:]
-    assert "step 1: dynamic sampling found 0 of the 4 informative groups a step needs in 2 generation round(s)" in out
+    assert (
+        "step 1: dynamic sampling found 0 of the 4 informative groups a step needs in 2 generation round(s)"
+        in out
+    )

@@ -76,7 +76,9 @@ class NaiveEngine:
         for prompt in prompts:
             group = []
             for j in range(params.n):
-                generator = torch.Generator().manual_seed(seed if self.flaw == "shared_noise" else seed * 1000 + j)
+                generator = torch.Generator().manual_seed(
+                    seed if self.flaw == "shared_noise" else seed * 1000 + j
+                )
                 group.append(self._one(prompt, params, generator))
             groups.append(group)
         if self.flaw == "drop_sample":
@@ -115,8 +117,14 @@ def one_thread():
 def tiny_model(one_thread):
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128, tie_word_embeddings=False,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
     )
     return transformers.LlamaForCausalLM(config).eval()
 
@@ -158,7 +166,11 @@ def test_each_broken_engine_is_caught_by_its_check(tiny_model, flaw, check):
     engine = NaiveEngine(model, LetterTokenizer(), flaw=flaw)
     with pytest.raises(AssertionError, match=rf"\[{check}\]"):
         check_rollout_engine(
-            engine, vocab_size=VOCAB, tokenizer=LetterTokenizer(), reference_model=tiny_model, max_new_tokens=5
+            engine,
+            vocab_size=VOCAB,
+            tokenizer=LetterTokenizer(),
+            reference_model=tiny_model,
+            max_new_tokens=5,
         )
 
 

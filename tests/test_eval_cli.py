@@ -19,7 +19,8 @@ def trained(tmp_path, tiny_model):
     """A 2-step run with a reward that varies (so the comparison means something), exported."""
     shutil.copy(FIXTURES / "dense_rewards.py", tmp_path / "dense_rewards.py")
     manifest = write_run_manifest(
-        tmp_path, tiny_model,
+        tmp_path,
+        tiny_model,
         reward={"function": "python:dense_rewards.py:upper", "method": None},
         rollout={"val_samples_per_prompt": 2, "val_temperature": 1.0},
         trainer={"steps": 2, "lr": 5e-3, "export_final": True},
@@ -51,8 +52,23 @@ def test_eval_of_the_final_checkpoint_reproduces_the_runs_last_validation(traine
 def test_eval_of_an_export_on_named_sets(trained, tmp_path):
     manifest, run_dir, last_val = trained
     out = tmp_path / "report.json"
-    assert main(["eval", str(manifest), "--model", str(run_dir / "export"), "--data",
-                 "small=synthetic:addition?size=4&seed=5&split=test", "--samples", "3", "--output", str(out)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(manifest),
+                "--model",
+                str(run_dir / "export"),
+                "--data",
+                "small=synthetic:addition?size=4&seed=5&split=test",
+                "--samples",
+                "3",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert set(report["sets"]) == {"small"} and report["sets"]["small"]["prompts"] == 4
     assert "val/synthetic/addition/pass@3" in report["sets"]["small"]

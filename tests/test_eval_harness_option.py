@@ -22,7 +22,11 @@ class CountingOptions(Options):
 class Harnesses:
     @rlcore.hookimpl
     def rlcore_eval_harnesses(self):
-        return [Component("counting", factory=lambda options, context: ("built", options), options=CountingOptions)]
+        return [
+            Component(
+                "counting", factory=lambda options, context: ("built", options), options=CountingOptions
+            )
+        ]
 
 
 @pytest.fixture
@@ -38,8 +42,9 @@ def parse(*argv):
 
 
 def test_tasks_and_options_reach_the_harness(registry):
-    component, (built, options) = _harness(parse("--harness", "counting", "--tasks", "a, b", "--harness-option", "shots=5"),
-                                           registry)
+    component, (built, options) = _harness(
+        parse("--harness", "counting", "--tasks", "a, b", "--harness-option", "shots=5"), registry
+    )
     assert component.name == "counting" and built == "built"
     assert options.tasks == ["a", "b"] and options.shots == 5
 
@@ -47,10 +52,19 @@ def test_tasks_and_options_reach_the_harness(registry):
 @pytest.mark.parametrize(
     ("argv", "phrase"),
     [
-        (("--harness", "countin", "--tasks", "a"), "unknown eval harness 'countin' (did you mean 'counting'?)"),
+        (
+            ("--harness", "countin", "--tasks", "a"),
+            "unknown eval harness 'countin' (did you mean 'counting'?)",
+        ),
         (("--harness", "counting"), "--tasks: Field required"),
-        (("--harness", "counting", "--tasks", "a", "--harness-option", "shots=many"), "--harness-option shots: Input should be a valid integer"),
-        (("--harness", "counting", "--tasks", "a", "--harness-option", "colour=1"), "--harness-option colour: unknown option"),
+        (
+            ("--harness", "counting", "--tasks", "a", "--harness-option", "shots=many"),
+            "--harness-option shots: Input should be a valid integer",
+        ),
+        (
+            ("--harness", "counting", "--tasks", "a", "--harness-option", "colour=1"),
+            "--harness-option colour: unknown option",
+        ),
         (("--harness", "counting", "--tasks", "a", "--harness-option", "shots"), "expects KEY=VALUE"),
     ],
 )

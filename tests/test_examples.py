@@ -25,8 +25,12 @@ def test_example_validates(tmp_path, capsys, name):
     data.mkdir(parents=True)
     from rlcore.data.io import write_parquet
 
-    row = {"prompt": [{"role": "user", "content": "1 + 1?"}], "data_source": "openai/gsm8k",
-           "reward_model": {"ground_truth": "2", "style": "rule"}, "extra_info": {"index": 0}}
+    row = {
+        "prompt": [{"role": "user", "content": "1 + 1?"}],
+        "data_source": "openai/gsm8k",
+        "reward_model": {"ground_truth": "2", "style": "rule"},
+        "extra_info": {"index": 0},
+    }
     (tmp_path / "data" / "gsm8k_dapo").mkdir()
     for split in ("train", "test"):
         write_parquet([row], data / f"{split}.parquet")

@@ -71,7 +71,7 @@ def test_a_lagging_latest_pointer_does_not_win(tmp_path, warnings):
     assert "names step_000002, but step_000004 is newer and intact" in said, said
 
 
-_FILL = textwrap.dedent('''
+_FILL = textwrap.dedent("""
     import json, os, subprocess, sys
     root, levels = sys.argv[1], json.loads(sys.argv[2])
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", root], check=True)
@@ -94,7 +94,7 @@ _FILL = textwrap.dedent('''
                         "left": sorted(os.listdir(os.path.join(root, "checkpoints")))})
         os.unlink(filler)
     print(json.dumps({"first": str(first), "results": out}))
-''')
+""")
 
 
 def test_a_disk_that_fills_in_any_serialiser_gives_the_designed_message(tmp_path):
@@ -106,8 +106,12 @@ def test_a_disk_that_fills_in_any_serialiser_gives_the_designed_message(tmp_path
     root = tmp_path / "disk"
     root.mkdir()
     levels = [0, 4096, 150_000, 300_000, 700_000, 1_000_000]
-    proc = subprocess.run(["unshare", "-rm", sys.executable, "-c", _FILL, str(root), json.dumps(levels)],
-                           capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["unshare", "-rm", sys.executable, "-c", _FILL, str(root), json.dumps(levels)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     failed = [r for r in report["results"] if not r.get("saved")]

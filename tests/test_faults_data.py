@@ -12,7 +12,11 @@ from rlcore.data.prompts import load_prompts
 from rlcore.errors import RlcoreError
 from rlcore.testing.runs import run_cli, write_run_manifest
 
-GOOD = {"prompt": [{"role": "user", "content": "1 + 1?"}], "data_source": "x", "reward_model": {"ground_truth": "2"}}
+GOOD = {
+    "prompt": [{"role": "user", "content": "1 + 1?"}],
+    "data_source": "x",
+    "reward_model": {"ground_truth": "2"},
+}
 
 
 def _jsonl(path, rows):
@@ -26,14 +30,21 @@ def _validate(tmp_path, train: str):
     return run_cli("validate", str(manifest))
 
 
-@pytest.mark.parametrize("bad, field, words", [
-    ({"prompt": [{"role": "user", "content": None}]}, "prompt[0]", ["'content' is null", "expected a string"]),
-    ({"prompt": [{"role": "user", "content": {"text": "hi"}}]}, "prompt[0]", ["'content' is dict"]),
-    ({"prompt": [{"role": None, "content": "hi"}]}, "prompt[0]", ["'role' is null"]),
-    ({"data_source": 7}, "'data_source'", ["is int", "expected a string"]),
-    ({"extra_info": 3}, "'extra_info'", ["is int", "expected an object"]),
-    ({"prompt": 5}, "'prompt'", ["is int"]),
-])
+@pytest.mark.parametrize(
+    "bad, field, words",
+    [
+        (
+            {"prompt": [{"role": "user", "content": None}]},
+            "prompt[0]",
+            ["'content' is null", "expected a string"],
+        ),
+        ({"prompt": [{"role": "user", "content": {"text": "hi"}}]}, "prompt[0]", ["'content' is dict"]),
+        ({"prompt": [{"role": None, "content": "hi"}]}, "prompt[0]", ["'role' is null"]),
+        ({"data_source": 7}, "'data_source'", ["is int", "expected a string"]),
+        ({"extra_info": 3}, "'extra_info'", ["is int", "expected an object"]),
+        ({"prompt": 5}, "'prompt'", ["is int"]),
+    ],
+)
 def test_validate_names_the_file_line_and_field_of_a_bad_row(tmp_path, bad, field, words):
     data = _jsonl(tmp_path / "rows.jsonl", [GOOD, GOOD, {**GOOD, **bad}, GOOD])
     proc = _validate(tmp_path, str(data))
@@ -74,6 +85,13 @@ def test_the_loader_refuses_a_bad_row_naming_it(tmp_path):
     data = write_parquet(rows, tmp_path / "rows.parquet")
     with pytest.raises(RlcoreError) as caught:
         load_prompts(str(data), tokenizer=_Tokenizer(), max_prompt_tokens=100)
-    assert str(caught.value) == f"data {str(data)!r}: row 5: field 'extra_info' is int (9); expected an object (a mapping) or nothing"
-    prompts = load_prompts(str(write_parquet([GOOD] * 3, tmp_path / "good.parquet")), tokenizer=_Tokenizer(), max_prompt_tokens=100)
+    assert (
+        str(caught.value)
+        == f"data {str(data)!r}: row 5: field 'extra_info' is int (9); expected an object (a mapping) or nothing"
+    )
+    prompts = load_prompts(
+        str(write_parquet([GOOD] * 3, tmp_path / "good.parquet")),
+        tokenizer=_Tokenizer(),
+        max_prompt_tokens=100,
+    )
     assert len(prompts) == 3

@@ -13,8 +13,12 @@ from rlcore.testing.runs import run_cli, write_run_manifest
 @pytest.mark.slow
 def test_an_expected_error_that_ends_a_run_is_written_to_run_log(tmp_path, tiny_model):
     data = tmp_path / "rows.jsonl"
-    data.write_text("\n".join(json.dumps({"prompt": [{"role": "user", "content": f"q{i}"}], "data_source": "x"})
-                              for i in range(4)))
+    data.write_text(
+        "\n".join(
+            json.dumps({"prompt": [{"role": "user", "content": f"q{i}"}], "data_source": "x"})
+            for i in range(4)
+        )
+    )
     manifest = write_run_manifest(tmp_path, tiny_model, data={"train": str(data), "val": None})
     proc = run_cli("run", str(manifest), "--run-dir", str(tmp_path / "run"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -33,14 +37,28 @@ def test_a_split_engine_dying_after_the_last_batch_fails_the_run(tmp_path, tiny_
     'run finished' and exited 0."""
     from rlcore.testing.faults import env
 
-    manifest = write_run_manifest(tmp_path, tiny_model, rollout={"placement": "split", "max_staleness": max_staleness},
-                                  data={"val": None}, trainer={"steps": 2})
-    proc = run_cli("run", str(manifest), "--run-dir", str(tmp_path / "run"), env=env("engine_generate@2=exit"),
-                   timeout=300)
+    manifest = write_run_manifest(
+        tmp_path,
+        tiny_model,
+        rollout={"placement": "split", "max_staleness": max_staleness},
+        data={"val": None},
+        trainer={"steps": 2},
+    )
+    proc = run_cli(
+        "run",
+        str(manifest),
+        "--run-dir",
+        str(tmp_path / "run"),
+        env=env("engine_generate@2=exit"),
+        timeout=300,
+    )
     text = proc.stdout + proc.stderr
     assert "rlcore fault injection: engine_generate@2=exit" in text, text
     assert proc.returncode == 1, text
     assert "rollout engine's process" in text and "Traceback" not in text, text
     log = (tmp_path / "run" / "run.log").read_text()
     assert "run finished" not in log and "the run failed" in log and "rollout engine's process" in log, log
-    assert len([line for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]) == 2
+    assert (
+        len([line for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()])
+        == 2
+    )

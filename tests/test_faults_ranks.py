@@ -21,17 +21,34 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_dead_rank_leaves_one_line_on_the_survivor_and_logs_that_name_their_host(tmp_path, tiny_model):
-    manifest = write_run_manifest(tmp_path, tiny_model, data={"val": None}, trainer={"steps": 3, "save_every": 1})
+    manifest = write_run_manifest(
+        tmp_path, tiny_model, data={"val": None}, trainer={"steps": 3, "save_every": 1}
+    )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     run_dir = tmp_path / "run"
     procs = []
     for rank in range(2):
-        rank_env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", **env("update@2=sigkill:rank=0")}
-        procs.append(subprocess.Popen([sys.executable, "-m", "rlcore", "run", str(manifest), "--run-dir", str(run_dir)],
-                                      env=rank_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        rank_env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+            **env("update@2=sigkill:rank=0"),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "rlcore", "run", str(manifest), "--run-dir", str(run_dir)],
+                env=rank_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     assert procs[0].returncode == -9, outputs[0][-2000:]
     survivor = outputs[1]

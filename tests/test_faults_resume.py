@@ -34,11 +34,24 @@ MODES = {
 }
 FULL = os.environ.get("RLCORE_FAULTS_MATRIX") == "1"
 # (mode, fault) pairs: CI's share, then the whole matrix behind RLCORE_FAULTS_MATRIX=1.
-CASES = [("staleness0", "generate@3=sigkill"), ("staleness1", "update@3=sigkill"), ("split1", "checkpoint@2=sigkill")]
+CASES = [
+    ("staleness0", "generate@3=sigkill"),
+    ("staleness1", "update@3=sigkill"),
+    ("split1", "checkpoint@2=sigkill"),
+]
 if FULL:
-    CASES = [(mode, fault) for mode in MODES for fault in (
-        "generate@3=sigkill", "update@2=sigkill", "update@3=sigterm", "update@2=sigusr1", "checkpoint@2=sigkill",
-        "checkpoint@3=exit")]
+    CASES = [
+        (mode, fault)
+        for mode in MODES
+        for fault in (
+            "generate@3=sigkill",
+            "update@2=sigkill",
+            "update@3=sigterm",
+            "update@2=sigusr1",
+            "checkpoint@2=sigkill",
+            "checkpoint@3=exit",
+        )
+    ]
 
 
 def _untimed(rows: list[dict]) -> list[dict]:
@@ -47,9 +60,14 @@ def _untimed(rows: list[dict]) -> list[dict]:
 
 def _manifest(directory: Path, tiny_model, mode: str) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    shutil.copy(FIXTURES / "dense_rewards.py", directory / "dense_rewards.py")  # a reward that varies: weights move
+    shutil.copy(
+        FIXTURES / "dense_rewards.py", directory / "dense_rewards.py"
+    )  # a reward that varies: weights move
     return write_run_manifest(
-        directory, tiny_model, rollout=MODES[mode], data={"val": None},
+        directory,
+        tiny_model,
+        rollout=MODES[mode],
+        data={"val": None},
         trainer={"steps": STEPS, "lr": 5e-3, "save_every": 1, "keep_checkpoints": 4},
         reward={"function": "python:dense_rewards.py:upper", "method": None},
     )
@@ -73,7 +91,11 @@ def _reference(tmp_path_factory, tiny_model, mode: str) -> list[dict]:
 def _compare(got: list[dict], want: list[dict]) -> None:
     assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(1, STEPS + 1))
     for have, expected in zip(_untimed(got), _untimed(want)):
-        differing = {k: (expected.get(k), have.get(k)) for k in expected.keys() | have.keys() if expected.get(k) != have.get(k)}
+        differing = {
+            k: (expected.get(k), have.get(k))
+            for k in expected.keys() | have.keys()
+            if expected.get(k) != have.get(k)
+        }
         assert not differing, (have["step"], differing)
 
 

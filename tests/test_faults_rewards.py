@@ -12,8 +12,8 @@ import time
 import pytest
 from loguru import logger
 
-from rlcore.interfaces import RewardInput
 from rlcore import reward_pool
+from rlcore.interfaces import RewardInput
 from rlcore.reward_pool import RewardRunner
 
 OUTPUT_TAIL = getattr(reward_pool, "OUTPUT_TAIL", 4096)  # the bytes of each call's output kept
@@ -24,13 +24,17 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="fork-based work
 @pytest.fixture
 def logged():
     seen: list[str] = []
-    sink = logger.add(lambda m: seen.append(m.record["level"].name + " " + m.record["message"]), level="DEBUG")
+    sink = logger.add(
+        lambda m: seen.append(m.record["level"].name + " " + m.record["message"]), level="DEBUG"
+    )
     yield seen
     logger.remove(sink)
 
 
 def _items(n: int) -> list[RewardInput]:
-    return [RewardInput(prompt=f"q{i}", response=str(i), ground_truth=str(i), data_source="t") for i in range(n)]
+    return [
+        RewardInput(prompt=f"q{i}", response=str(i), ground_truth=str(i), data_source="t") for i in range(n)
+    ]
 
 
 def test_a_worker_killed_between_batches_is_logged_counted_and_replaced(logged):
@@ -43,7 +47,9 @@ def test_a_worker_killed_between_batches_is_logged_counted_and_replaced(logged):
         second = runner.score(_items(6))
         assert second.scores == [1.0] * 6 and set(second.statuses) == {"ok"}
         assert second.metrics["reward/worker_deaths"] == 1.0
-        assert all(p is not None and p.is_alive() for p in runner._pool.procs), "the dead worker was not replaced"
+        assert all(p is not None and p.is_alive() for p in runner._pool.procs), (
+            "the dead worker was not replaced"
+        )
         assert runner._pool.procs[1].pid != victim.pid
     said = "\n".join(logged)
     assert "reward worker 1 died (killed by SIGKILL) between batches; it is replaced" in said, said
@@ -82,7 +88,9 @@ def test_what_a_reward_prints_is_captured_bounded_and_counted(capfd, logged):
         elapsed = time.perf_counter() - started
     out, err = capfd.readouterr()
     # Only the log's bounded tails (loguru's default sink writes debug lines to stderr in tests).
-    assert "x" * (OUTPUT_TAIL + 1) not in out + err and len(out + err) < 64 * 1024, "reward output reached the console"
+    assert "x" * (OUTPUT_TAIL + 1) not in out + err and len(out + err) < 64 * 1024, (
+        "reward output reached the console"
+    )
     printed = 4 * (MEGABYTE + 1 + 1000 + len("tail-of-0")) + len("diagnostic: the grader found no answer\n")
     assert batch.metrics["reward/output_bytes"] == printed
     assert batch.metrics["reward/output_dropped_bytes"] == printed - 4 * OUTPUT_TAIL
@@ -107,8 +115,13 @@ def test_a_run_whose_reward_prints_keeps_the_console_and_its_log_small(tmp_path,
         "    print('graded:', repr(solution_str[:5]))\n"
         "    return 0.5\n"
     )
-    manifest = write_run_manifest(tmp_path, tiny_model, data={"val": None}, trainer={"steps": 1},
-                                  reward={"function": "python:chatty.py:score", "method": None})
+    manifest = write_run_manifest(
+        tmp_path,
+        tiny_model,
+        data={"val": None},
+        trainer={"steps": 1},
+        reward={"function": "python:chatty.py:score", "method": None},
+    )
     proc = run_cli("run", str(manifest), "--run-dir", str(tmp_path / "run"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(proc.stdout) + len(proc.stderr) < 64 * 1024 and "yyyy" not in proc.stdout + proc.stderr

@@ -51,7 +51,11 @@ def test_first_party_table_equals_what_the_plugins_register():
     }
     missing = {key: dist for key, dist in registered.items() if key not in FIRST_PARTY}
     stale = {key: dist for key, dist in FIRST_PARTY.items() if key not in registered}
-    wrong = {key: (FIRST_PARTY[key], dist) for key, dist in registered.items() if key in FIRST_PARTY and FIRST_PARTY[key] != dist}
+    wrong = {
+        key: (FIRST_PARTY[key], dist)
+        for key, dist in registered.items()
+        if key in FIRST_PARTY and FIRST_PARTY[key] != dist
+    }
     assert (missing, stale, wrong) == ({}, {}, {}), (
         "rlcore/registry.py FIRST_PARTY is out of date: add `missing`, remove `stale`, fix `wrong` (table, actual)"
     )
@@ -61,7 +65,9 @@ def test_installed_entry_points_match_the_pyprojects():
     """The plugins are installed (editable) as their pyprojects declare, so the table's names are
     the names `pip install` knows."""
     installed = {
-        (ep.dist.name, ep.name, ep.value) for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.dist is not None
+        (ep.dist.name, ep.name, ep.value)
+        for ep in entry_points(group=ENTRY_POINT_GROUP)
+        if ep.dist is not None
     }
     for expected in first_party_entry_points():
         assert expected in installed, f"{expected} is not installed; run scripts/setup.sh"

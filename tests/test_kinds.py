@@ -21,26 +21,35 @@ def _resolve(target: str):
 
 
 def test_every_component_hookspec_is_a_kind_and_every_kind_a_hookspec():
-    specs = {name for name, f in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("rlcore_")}
+    specs = {
+        name for name, f in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("rlcore_")
+    }
     assert specs - NOT_KINDS == set(kinds.BY_HOOK)
     for kind in kinds.KINDS:
         doc = getattr(hookspecs, kind.hook).__doc__ or ""
         assert doc.strip(), f"{kind.hook} has no docstring"
         if kind.selector:  # the spec says how a manifest selects it
-            assert f"[{kind.table}] {kind.selector}" in doc or f"[{kind.table}]" in doc, (kind.hook, kind.table)
+            assert f"[{kind.table}] {kind.selector}" in doc or f"[{kind.table}]" in doc, (
+                kind.hook,
+                kind.table,
+            )
 
 
 def test_manifest_tables_come_from_the_kinds():
     assert COMPONENT_TABLES == kinds.selectors() and COMPONENT_MAPS == kinds.named_tables()
     for kind in kinds.KINDS:
-        if kind.table is None:  # chosen otherwise (a data source by its prefix, a harness on the command line)
+        if (
+            kind.table is None
+        ):  # chosen otherwise (a data source by its prefix, a harness on the command line)
             continue
         assert kind.table in Manifest.model_fields, f"{kind.name}: no [{kind.table}] table in the manifest"
         model = Manifest.model_fields[kind.table].annotation
         if kind.named:
             assert kind.selector is None
         else:
-            assert kind.selector in model.model_fields, f"{kind.name}: [{kind.table}] has no key {kind.selector!r}"
+            assert kind.selector in model.model_fields, (
+                f"{kind.name}: [{kind.table}] has no key {kind.selector!r}"
+            )
 
 
 def test_protocols_kits_and_registry_views_agree():

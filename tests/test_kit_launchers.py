@@ -94,17 +94,21 @@ class ChangesItsMind:
         return 0
 
 
-@pytest.mark.parametrize("launcher, message", [
-    (Silent(), "printed nothing"),
-    (ReturnsNothing(), r"must return an exit code \(int\), got None"),
-    (ReturnsText(), r"must return an exit code \(int\), got '0'"),
-    (IgnoresDryRun(), "created the run directory"),
-    (WritesBesideTheManifest(), "wrote files in a dry run"),
-    (EditsTheManifest(), "changed the request"),
-    (FailsTheDryRun(), "raised on a dry run: RuntimeError: no cluster to ask"),
-    (NoLaunch(), r"needs launch\(request\)"),
-    (ChangesItsMind(), "the same dry run twice said different things"),
-], ids=lambda v: type(v).__name__ if not isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    "launcher, message",
+    [
+        (Silent(), "printed nothing"),
+        (ReturnsNothing(), r"must return an exit code \(int\), got None"),
+        (ReturnsText(), r"must return an exit code \(int\), got '0'"),
+        (IgnoresDryRun(), "created the run directory"),
+        (WritesBesideTheManifest(), "wrote files in a dry run"),
+        (EditsTheManifest(), "changed the request"),
+        (FailsTheDryRun(), "raised on a dry run: RuntimeError: no cluster to ask"),
+        (NoLaunch(), r"needs launch\(request\)"),
+        (ChangesItsMind(), "the same dry run twice said different things"),
+    ],
+    ids=lambda v: type(v).__name__ if not isinstance(v, str) else "",
+)
 def test_broken_launchers_fail_the_kit_saying_why(launcher, message):
     with pytest.raises(AssertionError, match=message):
         check_launcher(launcher)

@@ -22,7 +22,9 @@ def _jsonl_back(run_dir):
 
 
 def test_jsonl_passes_and_keeps_every_step(tmp_path):
-    result = check_metrics_sink(isolated_registry().get("metrics_sink", "jsonl"), run_dir=tmp_path, read_back=_jsonl_back)
+    result = check_metrics_sink(
+        isolated_registry().get("metrics_sink", "jsonl"), run_dir=tmp_path, read_back=_jsonl_back
+    )
     assert result["read"][2]["actor/pg_loss"] is None  # NaN kept as null, never as a number
     assert (tmp_path / "generations.jsonl").read_text().count("\n") == 2
 
@@ -99,7 +101,9 @@ class LosesEmptyThenAll:
         self.buffer = []
 
     def log(self, metrics, step):
-        self.buffer.append({"step": step, **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}})
+        self.buffer.append(
+            {"step": step, **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}
+        )
         if step == 1:
             self.path.write_text(json.dumps(self.buffer[0]) + "\n")
 
@@ -135,14 +139,18 @@ class NanAsZero:
         self.file.close()
 
 
-@pytest.mark.parametrize("sink, message", [
-    (StrictJson(), "log raised on step 2 .*ValueError"),
-    (NoClose(), r"needs close\(\)"),
-    (PopsWhatItLogs(), "changed the metrics"),
-    (FloatsOnly(), "log raised on step 1 .*perf/total_tokens is not a float"),
-    (SamplesBreak(), "log_samples raised"),
-    (CloseTwiceOnly(), "close raised: OSError"),
-], ids=lambda v: type(v).__name__ if not isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    "sink, message",
+    [
+        (StrictJson(), "log raised on step 2 .*ValueError"),
+        (NoClose(), r"needs close\(\)"),
+        (PopsWhatItLogs(), "changed the metrics"),
+        (FloatsOnly(), "log raised on step 1 .*perf/total_tokens is not a float"),
+        (SamplesBreak(), "log_samples raised"),
+        (CloseTwiceOnly(), "close raised: OSError"),
+    ],
+    ids=lambda v: type(v).__name__ if not isinstance(v, str) else "",
+)
 def test_broken_sinks_fail_the_kit_saying_why(sink, message):
     with pytest.raises(AssertionError, match=message):
         check_metrics_sink(sink)
@@ -157,7 +165,9 @@ class WritesOnClose:
         self.records = []
 
     def log(self, metrics, step):
-        self.records.append({"step": step, **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}})
+        self.records.append(
+            {"step": step, **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}
+        )
 
     def close(self):
         self.path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
@@ -171,11 +181,15 @@ def test_a_sink_that_writes_on_close_passes_only_when_it_says_so(tmp_path):
         check_metrics_sink(WritesOnClose(again), run_dir=again, read_back=_jsonl_back)
 
 
-@pytest.mark.parametrize("make, message", [
-    (LosesEmptyThenAll, "lost step 2"),
-    (RoundsValues, "read back step 1's actor/pg_loss as -0.01, logged -0.0125"),
-    (NanAsZero, "turned step 2's actor/pg_loss = nan into 0.0"),
-], ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (LosesEmptyThenAll, "lost step 2"),
+        (RoundsValues, "read back step 1's actor/pg_loss as -0.01, logged -0.0125"),
+        (NanAsZero, "turned step 2's actor/pg_loss = nan into 0.0"),
+    ],
+    ids=lambda v: getattr(v, "__name__", ""),
+)
 def test_sinks_that_lose_or_change_values_fail_the_read_back(tmp_path, make, message):
     with pytest.raises(AssertionError, match=message):
         check_metrics_sink(make(tmp_path), run_dir=tmp_path, read_back=_jsonl_back)

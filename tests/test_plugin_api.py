@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from rlcore.testing.api import PLUGIN_API, ImportViolation, check_plugin_imports, describe_violations, is_plugin_api
+from rlcore.testing.api import (
+    PLUGIN_API,
+    ImportViolation,
+    check_plugin_imports,
+    describe_violations,
+    is_plugin_api,
+)
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 PLUGINS = sorted(p.parent for p in (ROOT / "plugins").glob("*/pyproject.toml"))
@@ -38,12 +44,25 @@ def test_every_module_of_the_plugin_api_exists():
         assert importlib.util.find_spec(name) is not None, f"PLUGIN_API names {name}, which does not exist"
 
 
-@pytest.mark.parametrize("module, allowed", [
-    ("rlcore", True), ("rlcore.interfaces", True), ("rlcore.algorithms", True), ("rlcore.algorithms.masked", True),
-    ("rlcore.engine_kit.weights", True), ("rlcore.testing.engines", True), ("rlcore.launching", True),
-    ("rlcore.trainer", False), ("rlcore.trainer.rl", False), ("rlcore.manifest.loader", False),
-    ("rlcore.registry", False), ("rlcore.cli", False), ("rlcore.errors_extra", False), ("rlcore.interfaces.x", False),
-])
+@pytest.mark.parametrize(
+    "module, allowed",
+    [
+        ("rlcore", True),
+        ("rlcore.interfaces", True),
+        ("rlcore.algorithms", True),
+        ("rlcore.algorithms.masked", True),
+        ("rlcore.engine_kit.weights", True),
+        ("rlcore.testing.engines", True),
+        ("rlcore.launching", True),
+        ("rlcore.trainer", False),
+        ("rlcore.trainer.rl", False),
+        ("rlcore.manifest.loader", False),
+        ("rlcore.registry", False),
+        ("rlcore.cli", False),
+        ("rlcore.errors_extra", False),
+        ("rlcore.interfaces.x", False),
+    ],
+)
 def test_is_plugin_api(module, allowed):
     assert is_plugin_api(module) is allowed
 
@@ -68,7 +87,10 @@ def test_the_check_finds_forbidden_imports_and_names_them(tmp_path):
     )
     violations = check_plugin_imports([source], own={"rlcore_mine"}, root=tmp_path)
     assert [(v.line, v.module) for v in violations] == [
-        (9, "rlcore.trainer.rl"), (10, "rlcore.registry"), (12, "rlcore_other"), (14, "rlcore.manifest.loader"),
+        (9, "rlcore.trainer.rl"),
+        (10, "rlcore.registry"),
+        (12, "rlcore_other"),
+        (14, "rlcore.manifest.loader"),
     ]
     message = describe_violations(violations)
     assert "mod.py:9: imports rlcore.trainer.rl (not part of the plugin API)" in message
@@ -131,12 +153,15 @@ KNOWN_INTERNAL_IN_TESTS = {
 def test_plugin_tests_and_scripts_import_only_the_plugin_api():
     found = set()
     for plugin in PLUGINS:
-        files = sorted(f for d in ("tests", "scripts") if (plugin / d).is_dir() for f in (plugin / d).rglob("*.py"))
+        files = sorted(
+            f for d in ("tests", "scripts") if (plugin / d).is_dir() for f in (plugin / d).rglob("*.py")
+        )
         for v in check_plugin_imports(files, own=_packages(plugin), root=ROOT):
             found.add((str(Path(v.path).relative_to("plugins")), v.module))
     new = found - KNOWN_INTERNAL_IN_TESTS
     assert not new, "plugin tests or scripts import rlcore internals (use rlcore.testing): " + ", ".join(
-        f"{path} imports {module}" for path, module in sorted(new))
+        f"{path} imports {module}" for path, module in sorted(new)
+    )
     gone = KNOWN_INTERNAL_IN_TESTS - found
     assert not gone, f"no longer imported, remove from KNOWN_INTERNAL_IN_TESTS: {sorted(gone)}"
 
@@ -146,10 +171,14 @@ def test_the_in_process_helpers_of_rlcore_testing(tmp_path):
 
     (tmp_path / "r.py").write_text("def score(item):\n    return 1.0\n")
     manifest = tmp_path / "m.toml"
-    manifest.write_text('[model]\npath = "org/m"\n[data]\ntrain = "synthetic:addition"\n'
-                        '[rollout]\nsamples_per_prompt = 2\n[reward]\nfunction = "python:r.py:score"\n[trainer]\nsteps = 2\n')
+    manifest.write_text(
+        '[model]\npath = "org/m"\n[data]\ntrain = "synthetic:addition"\n'
+        '[rollout]\nsamples_per_prompt = 2\n[reward]\nfunction = "python:r.py:score"\n[trainer]\nsteps = 2\n'
+    )
     resolved = load_run_manifest(manifest, ["trainer.steps=3"], environ={})
-    assert resolved.core.trainer.steps == 3 and resolved.component("reward.function").component.name == "python"
+    assert (
+        resolved.core.trainer.steps == 3 and resolved.component("reward.function").component.name == "python"
+    )
     assert "hf" in discover_registry().components("rollout_engine")
     assert run_in_process("validate", str(manifest)) == 0
     assert run_in_process(["validate", str(tmp_path / "missing.toml")]) == 2

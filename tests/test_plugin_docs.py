@@ -110,7 +110,9 @@ def problems_in(where: str, text: str, defined_here: set[str] = frozenset()) -> 
     classes = set(re.findall(r"^\s*class (\w+)", text, re.M)) | set(defined_here)
     for name in OPTIONS_NAME.findall(text):
         if name not in classes and not _is_options_class_of_a_plugin(name):
-            problems.append(f"{where}: options class {name!r} is not defined there nor by any first-party plugin")
+            problems.append(
+                f"{where}: options class {name!r} is not defined there nor by any first-party plugin"
+            )
     return problems
 
 
@@ -188,7 +190,9 @@ def test_every_hook_has_an_example_that_is_a_real_first_party_record():
             assert real is not None, f"{where}: no installed plugin registers the {kind} {fields['name']!r}"
             assert fields["factory"] == target_path(real.factory), where
             assert fields.get("options", ("name", "NoOptions")) == ("name", real.options.__name__), where
-            assert set(fields.get("needs", ())) == set(real.needs), f"{where}: needs differ from the real record"
+            assert set(fields.get("needs", ())) == set(real.needs), (
+                f"{where}: needs differ from the real record"
+            )
         checked.append(hook)
     assert set(checked) == set(HOOK_KIND) | {"rlcore_commands"}
 
@@ -252,6 +256,8 @@ def test_a_misspelt_first_party_name_is_reported(text):
 
 
 def test_correct_names_pass():
-    text = ('factory="rlcore_loggers.sinks:wandb", options=WandbOptions, "rlcore_my_reward.impl:make", '
-            "`rlcore.interfaces.RewardInput` `rlcore.testing.rewards`")
+    text = (
+        'factory="rlcore_loggers.sinks:wandb", options=WandbOptions, "rlcore_my_reward.impl:make", '
+        "`rlcore.interfaces.RewardInput` `rlcore.testing.rewards`"
+    )
     assert problems_in("example", text) == []

@@ -40,7 +40,9 @@ def test_one_section_per_kind_naming_its_hook_and_kit():
             module, function = kind.kit.split(":")
             assert f"{module}.{function}" in text, f"section {kind.name} does not name its kit {kind.kit}"
         else:
-            assert "Kit:** none yet" in text, f"section {kind.name} names no kit and does not say there is none"
+            assert "Kit:** none yet" in text, (
+                f"section {kind.name} names no kit and does not say there is none"
+            )
         assert "```python" in text, f"section {kind.name} has no example"
 
 
@@ -73,9 +75,13 @@ def site(tmp_path_factory) -> Path:
             (site / package / source.name).write_text(source.read_text())
         info = site / f"{package}-{meta['version']}.dist-info"
         info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {meta['version']}\n")
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {meta['version']}\n"
+        )
         entries = meta["entry-points"]["rlcore"]
-        (info / "entry_points.txt").write_text("[rlcore]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()))
+        (info / "entry_points.txt").write_text(
+            "[rlcore]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items())
+        )
     return root
 
 
@@ -98,17 +104,19 @@ def test_the_examples_import_only_the_plugin_api(site):
             for line in file.read_text().splitlines():
                 if line.startswith(("import ", "from ")):
                     top = line.split()[1].split(".")[0]
-                    assert top in {"rlcore", package, "pydantic", "torch", "__future__"}, f"{file.name}: {line}"
+                    assert top in {"rlcore", package, "pydantic", "torch", "__future__"}, (
+                        f"{file.name}: {line}"
+                    )
 
 
 def test_the_examples_pass_their_kits(importable, rlcore_registry, rlcore_register):
     pytest.importorskip("torch")
+    import rlcore_median.plugin
+    import rlcore_spread.plugin
+
     from rlcore.testing import isolated_registry, register
     from rlcore.testing.algorithms import check_advantage_estimator
     from rlcore.testing.shaping import check_batch_filter
-
-    import rlcore_median.plugin
-    import rlcore_spread.plugin
 
     rlcore_register(rlcore_median.plugin, name="median")
     rlcore_register(rlcore_spread.plugin, name="spread")
@@ -129,12 +137,11 @@ def test_a_broken_estimator_fails_the_kit(importable, rlcore_registry, rlcore_re
     """The kit the guide points to catches the mistake the example avoids: a baseline leaking
     onto padding."""
     pytest.importorskip("torch")
+    import rlcore_median.estimator as estimator
     import torch
 
     from rlcore.components import Component
     from rlcore.testing.algorithms import check_advantage_estimator
-
-    import rlcore_median.estimator as estimator
 
     def leaky(options, context):
         median = estimator.MedianBaseline(1.0)
@@ -162,14 +169,26 @@ def test_the_examples_install_by_entry_point_and_train_a_step(site, tmp_path, ti
     listed = run_cli("plugins", "--json", env=env)
     assert listed.returncode == 0, listed.stderr
     assert '"rlcore-median"' in listed.stdout and '"rlcore-spread"' in listed.stdout
-    manifest = write_run_manifest(tmp_path, tiny_model, trainer={"steps": 1},
-                                  algorithm={"advantage": "median_baseline", "scale": 2.0},
-                                  filters={"spread": {"min_spread": 0.0}})
+    manifest = write_run_manifest(
+        tmp_path,
+        tiny_model,
+        trainer={"steps": 1},
+        algorithm={"advantage": "median_baseline", "scale": 2.0},
+        filters={"spread": {"min_spread": 0.0}},
+    )
     run_dir = tmp_path / "run"
     proc = run_cli("run", str(manifest), "--run-dir", str(run_dir), env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = train_rows(run_dir)
     assert len(rows) == 1
     plugins = tomllib.loads((run_dir / "manifest.resolved.toml").read_text())["plugins"]
-    assert plugins["algorithm.advantage"] == {"name": "median_baseline", "distribution": "rlcore-median", "version": "0.1.0"}
-    assert plugins["filters.spread"] == {"name": "spread", "distribution": "rlcore-spread", "version": "0.1.0"}
+    assert plugins["algorithm.advantage"] == {
+        "name": "median_baseline",
+        "distribution": "rlcore-median",
+        "version": "0.1.0",
+    }
+    assert plugins["filters.spread"] == {
+        "name": "spread",
+        "distribution": "rlcore-spread",
+        "version": "0.1.0",
+    }

@@ -28,7 +28,9 @@ def test_plugins_are_found():
 def test_a_plugin_declares_a_bounded_rlcore_range_holding_the_core(name):
     project = tomllib.loads((ROOT / "plugins" / name / "pyproject.toml").read_text())["project"]
     requirements = _rlcore_requirements(project)
-    assert len(requirements) == 1, f"plugins/{name}: [project] dependencies should name rlcore once, with a range"
+    assert len(requirements) == 1, (
+        f"plugins/{name}: [project] dependencies should name rlcore once, with a range"
+    )
     specifier = requirements[0].specifier
     assert str(specifier), f"plugins/{name}: 'rlcore' without a range; declare the versions it works with"
     assert specifier.contains(CORE_VERSION, prereleases=True), (

@@ -34,14 +34,36 @@ def test_the_plugin_tutorial(tmp_path):
     (project / "src" / "rlcore_short" / "reward.py").write_text(_block(readme, "def build(options, context)"))
     (project / "tests" / "test_short.py").write_text(_block(readme, "def test_short"))
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-                    "--target", str(site), str(project)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(site),
+            str(project),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     env = {"PYTHONPATH": str(site)}
     proc = run_cli("plugins", "--json", env=env)
     plugins = {p["name"]: p for p in json.loads(proc.stdout)["plugins"]}
     assert plugins["short"]["components"] == {"reward_function": ["short"]}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(project / "tests")],
-                          capture_output=True, text=True, env={**os.environ, **env}, cwd=project, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(project / "tests")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        cwd=project,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -49,8 +71,13 @@ def test_the_plugin_tutorial_names_the_venv_programs_and_pytest():
     """The set-up's .venv is never activated: a bare `pip` or `rlcore` is another environment's (or
     none). And a plugin's tests need pytest, which its `[test]` extra brings."""
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Write your own plugin"):readme.index("## Layout")]
-    shell = [line.strip() for body in re.findall(r"```bash\n(.*?)```", section, re.S) for line in body.splitlines() if line.strip()]
+    section = readme[readme.index("## Write your own plugin") : readme.index("## Layout")]
+    shell = [
+        line.strip()
+        for body in re.findall(r"```bash\n(.*?)```", section, re.S)
+        for line in body.splitlines()
+        if line.strip()
+    ]
     assert shell and all(line.startswith((".venv/bin/", "./scripts/")) for line in shell), shell
     prose = re.sub(r"```.*?```", "", section, flags=re.S)
     installs = [c for c in re.findall(r"`([^`\n]*)`", prose) if "pip install" in c or "pytest " in c]

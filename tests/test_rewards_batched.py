@@ -29,7 +29,11 @@ ITEMS = [RewardInput(response=r, group=g) for r, g in (("a", 0), ("bbb", 0), ("c
 
 
 def test_results_in_order_with_metrics():
-    batch = score_batched(Batched(lambda items: [RewardResult(len(i.response), {"len": len(i.response)}) for i in items]), ITEMS, 5)
+    batch = score_batched(
+        Batched(lambda items: [RewardResult(len(i.response), {"len": len(i.response)}) for i in items]),
+        ITEMS,
+        5,
+    )
     assert batch.scores == [1.0, 3.0, 2.0] and batch.statuses == ["ok"] * 3
     assert batch.metrics["reward/len"] == 2.0 and batch.metrics["reward/errors"] == 0
 
@@ -63,9 +67,12 @@ def test_a_group_wise_batched_reward_trains_end_to_end(tmp_path, tiny_model):
 
     shutil.copy(FIXTURES / "ranking_rewards.py", tmp_path / "ranking_rewards.py")
     manifest = write_run_manifest(
-        tmp_path, tiny_model, rollout={"samples_per_prompt": 3, "temperature": 1.0},
+        tmp_path,
+        tiny_model,
+        rollout={"samples_per_prompt": 3, "temperature": 1.0},
         reward={"function": "python:ranking_rewards.py:shortest_first", "method": None},
-        data={"max_response_tokens": 8}, trainer={"steps": 2},
+        data={"max_response_tokens": 8},
+        trainer={"steps": 2},
     )
     assert main(["validate", str(manifest)]) == 0
     assert main(["run", str(manifest), "--run-dir", str(tmp_path / "run")]) == 0
@@ -81,9 +88,14 @@ def test_the_conformance_kit_checks_batched_rewards(tmp_path):
 
     shutil.copy(FIXTURES / "ranking_rewards.py", tmp_path / "ranking_rewards.py")
     component = Registry.discover().get("reward_function", "python")
-    options = component.options.model_validate({"target": str(tmp_path / "ranking_rewards.py") + ":shortest_first"})
-    built = check_reward_function(component, options=options, cases=[(RewardInput(response="abc"), 1.0),
-                                                                      (RewardInput(response="a much longer one"), 1.0)])
+    options = component.options.model_validate(
+        {"target": str(tmp_path / "ranking_rewards.py") + ":shortest_first"}
+    )
+    built = check_reward_function(
+        component,
+        options=options,
+        cases=[(RewardInput(response="abc"), 1.0), (RewardInput(response="a much longer one"), 1.0)],
+    )
     assert built.batched and built.calls > 3  # one by one, then together
 
     class Wrong:
@@ -96,4 +108,6 @@ def test_the_conformance_kit_checks_batched_rewards(tmp_path):
 
     wrong = Component(name="wrong", factory=lambda options, context: Wrong(), kind="reward_function")
     with pytest.raises(AssertionError, match="score_batch returned 1 results for 2 items"):
-        check_reward_function(wrong, cases=[(RewardInput(response="a"), 1.0), (RewardInput(response="b"), 1.0)])
+        check_reward_function(
+            wrong, cases=[(RewardInput(response="a"), 1.0), (RewardInput(response="b"), 1.0)]
+        )

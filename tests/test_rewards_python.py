@@ -7,9 +7,9 @@ import textwrap
 import pytest
 
 from rlcore.builtin.options import PythonRewardOptions
+from rlcore.builtin.python_reward import build_python_reward
 from rlcore.errors import RlcoreError
 from rlcore.interfaces import Prompt, RewardInput, RewardResult
-from rlcore.builtin.python_reward import build_python_reward
 from rlcore.reward_pool import RewardRunner, check_required_fields
 from rlcore.testing.rewards import check_reward_function
 
@@ -95,7 +95,10 @@ def test_conformance_kit_accepts_a_user_function(tmp_path):
     fn = check_reward_function(
         component,
         options={"target": f"{path}:compute_score"},
-        cases=[(RewardInput(response=" 7 ", ground_truth="7"), 1.0), (RewardInput(response="8", ground_truth="7"), 0.0)],
+        cases=[
+            (RewardInput(response=" 7 ", ground_truth="7"), 1.0),
+            (RewardInput(response="8", ground_truth="7"), 0.0),
+        ],
     )
     assert fn.style == "verl_kw"
 
@@ -115,7 +118,11 @@ def test_conformance_kit_catches_a_function_that_raises_on_garbage(tmp_path):
 @pytest.mark.parametrize(
     ("source", "target", "phrases"),
     [
-        ("def score(item):\n    return 1\n", "scor", ["has no function 'scor'", "did you mean 'score'", "score"]),
+        (
+            "def score(item):\n    return 1\n",
+            "scor",
+            ["has no function 'scor'", "did you mean 'score'", "score"],
+        ),
         ("def a(item): pass\ndef b(item): pass\n", "c", ["has no function 'c'", "a, b"]),
         ("def score(item)\n    return 1\n", "score", ["syntax error", "line 1"]),
         ("import no_such_module_xyz\n", "score", ["failed", "ModuleNotFoundError", "no_such_module_xyz"]),
@@ -143,7 +150,10 @@ def test_missing_file_and_module(tmp_path):
 
 
 def _prompts(*truths):
-    return [Prompt(token_ids=[1], messages=[], ground_truth=t, index=i, extra_info={"k": 1}) for i, t in enumerate(truths)]
+    return [
+        Prompt(token_ids=[1], messages=[], ground_truth=t, index=i, extra_info={"k": 1})
+        for i, t in enumerate(truths)
+    ]
 
 
 def test_check_required_fields_names_file_row_and_field():

@@ -238,7 +238,9 @@ def test_workers_exit_when_the_trainer_dies(tmp_path):
         "os._exit(0)\n"
     )
     pid_file = tmp_path / "pids"
-    subprocess.run([sys.executable, str(script), str(pid_file)], stdout=subprocess.DEVNULL, timeout=60, check=True)
+    subprocess.run(
+        [sys.executable, str(script), str(pid_file)], stdout=subprocess.DEVNULL, timeout=60, check=True
+    )
     pids = [int(p) for p in pid_file.read_text().split()]
     assert len(pids) == 2
     try:

@@ -8,7 +8,13 @@ import sys
 
 import pytest
 
-from rlcore.engine_kit.options import check_engine_args, check_mode, check_server_urls, read_names, unknown_name_message
+from rlcore.engine_kit.options import (
+    check_engine_args,
+    check_mode,
+    check_server_urls,
+    read_names,
+    unknown_name_message,
+)
 
 KNOWN = frozenset({"max_num_seqs", "swap_space", "block_size"})
 OWN = {"tp_size": "tensor_parallel_size"}
@@ -39,7 +45,10 @@ def test_unknown_name_message_without_a_close_name():
 
 
 def test_server_urls_are_normalised_and_checked():
-    assert check_server_urls(["http://h:1/", "https://h:2"], "http://127.0.0.1:8000") == ["http://h:1", "https://h:2"]
+    assert check_server_urls(["http://h:1/", "https://h:2"], "http://127.0.0.1:8000") == [
+        "http://h:1",
+        "https://h:2",
+    ]
     with pytest.raises(ValueError, match="server 'h:1' must be a base URL such as http://127.0.0.1:8000"):
         check_server_urls(["h:1"], "http://127.0.0.1:8000")
     with pytest.raises(ValueError, match="a server is listed twice"):
@@ -66,5 +75,7 @@ def test_read_names_skips_comments_and_blank_lines(tmp_path, monkeypatch):
 
 def test_the_module_imports_neither_torch_nor_httpx():
     code = "import sys, rlcore.engine_kit.options; print('torch' in sys.modules, 'httpx' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out == ["False", "False"]

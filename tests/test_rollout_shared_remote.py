@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from rlcore.errors import RlcoreError
 from rlcore.engine_kit.remote import RejectedError, ServerError, ServerPool
+from rlcore.errors import RlcoreError
 
 
 class Fake:
@@ -94,7 +94,11 @@ def test_check_health_names_every_unreachable_server(fakes):
     pool = ServerPool([fakes[0].url, dead], engine="Test")
     with pytest.raises(ServerError, match="unreachable Test servers") as info:
         pool.check_health()
-    assert dead in str(info.value) and "cannot connect" in str(info.value) and fakes[0].url not in str(info.value)
+    assert (
+        dead in str(info.value)
+        and "cannot connect" in str(info.value)
+        and fakes[0].url not in str(info.value)
+    )
 
 
 def test_a_5xx_marks_the_server_down_and_the_request_goes_whole_to_another(fakes):
@@ -190,7 +194,9 @@ def test_api_key_is_sent_as_a_bearer_token():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
-        ServerPool([f"http://127.0.0.1:{httpd.server_address[1]}"], engine="Test", api_key="s3cret").check_health()
+        ServerPool(
+            [f"http://127.0.0.1:{httpd.server_address[1]}"], engine="Test", api_key="s3cret"
+        ).check_health()
         assert seen["auth"] == "Bearer s3cret"
     finally:
         httpd.shutdown()

@@ -3,15 +3,17 @@ the fact with the run's tokenizer."""
 
 from __future__ import annotations
 
-from rlcore.interfaces import Completion, SamplingParams
 from rlcore.engine_kit.samples import apply_stop_strings, first_stop, replicate, samples_to_request
+from rlcore.interfaces import Completion, SamplingParams
 
 
 class CharTokenizer:
     """Token id k >= 1 decodes to the k-th letter (1 = a); 0 is a special token (skipped)."""
 
     def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
-        return "".join("" if (t == 0 and skip_special_tokens) else "_abcdefghijklmnopqrstuvwxyz"[t] for t in ids)
+        return "".join(
+            "" if (t == 0 and skip_special_tokens) else "_abcdefghijklmnopqrstuvwxyz"[t] for t in ids
+        )
 
 
 def test_greedy_asks_for_one_sample_and_sampling_for_n():
@@ -22,7 +24,9 @@ def test_greedy_asks_for_one_sample_and_sampling_for_n():
 def test_replicate_makes_independent_copies_and_leaves_full_groups_alone():
     one = Completion([1, 2], [-0.5, -0.25], "stop")
     copies = replicate([one], 3)
-    assert len(copies) == 3 and all(c.token_ids == [1, 2] and c.logprobs == [-0.5, -0.25] and c.finish_reason == "stop" for c in copies)
+    assert len(copies) == 3 and all(
+        c.token_ids == [1, 2] and c.logprobs == [-0.5, -0.25] and c.finish_reason == "stop" for c in copies
+    )
     copies[0].token_ids.append(9)
     assert copies[1].token_ids == [1, 2] and one.token_ids == [1, 2]
     group = [one, Completion([3], [-1.0], "length")]

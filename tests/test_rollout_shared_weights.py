@@ -9,13 +9,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlcore.errors import UsageError
 from rlcore.engine_kit.weights import adapter_config, adapter_name, buckets, write_adapter, write_shards
+from rlcore.errors import UsageError
 
 
 def _tensors():
     torch.manual_seed(0)
-    return {"a.weight": torch.randn(256), "b.weight": torch.randn(256), "c.weight": torch.randn(1024), "d.bias": torch.randn(8)}
+    return {
+        "a.weight": torch.randn(256),
+        "b.weight": torch.randn(256),
+        "c.weight": torch.randn(1024),
+        "d.bias": torch.randn(8),
+    }
 
 
 def test_buckets_stay_under_the_limit_keep_order_and_let_a_big_tensor_travel_alone():
@@ -37,7 +42,11 @@ def test_write_shards_round_trips_with_an_index(tmp_path):
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "stale.safetensors").write_text("old")
     shards = write_shards(tensors.items(), tmp_path / "ck", 2048)
-    assert [p.name for p in shards] == ["model-00001.safetensors", "model-00002.safetensors", "model-00003.safetensors"]
+    assert [p.name for p in shards] == [
+        "model-00001.safetensors",
+        "model-00002.safetensors",
+        "model-00003.safetensors",
+    ]
     assert not (tmp_path / "ck" / "stale.safetensors").exists()
     loaded = {}
     for p in shards:
@@ -73,12 +82,19 @@ def test_adapter_name():
 
 
 def test_write_adapter_writes_a_peft_directory_and_refuses_non_lora_tensors(tmp_path):
-    tensors = {"base_model.model.q_proj.lora_A.weight": torch.randn(4, 16), "base_model.model.q_proj.lora_B.weight": torch.zeros(16, 4)}
-    out = write_adapter(tensors.items(), {"rank": 4, "alpha": 8, "target_modules": ["q_proj"]}, tmp_path / "ad")
+    tensors = {
+        "base_model.model.q_proj.lora_A.weight": torch.randn(4, 16),
+        "base_model.model.q_proj.lora_B.weight": torch.zeros(16, 4),
+    }
+    out = write_adapter(
+        tensors.items(), {"rank": 4, "alpha": 8, "target_modules": ["q_proj"]}, tmp_path / "ad"
+    )
     loaded = load_file(str(out / "adapter_model.safetensors"))
     assert all(torch.equal(loaded[k], tensors[k]) for k in tensors)
     assert json.loads((out / "adapter_config.json").read_text())["r"] == 4
-    with pytest.raises(UsageError, match=r"only LoRA adapter tensors \(PEFT names\), got e.g. 'model.q_proj.weight'"):
+    with pytest.raises(
+        UsageError, match=r"only LoRA adapter tensors \(PEFT names\), got e.g. 'model.q_proj.weight'"
+    ):
         write_adapter({"model.q_proj.weight": torch.ones(1)}, {"rank": 1, "alpha": 1}, tmp_path / "bad")
     with pytest.raises(UsageError, match="received no adapter tensors"):
         write_adapter({}, {"rank": 1, "alpha": 1}, tmp_path / "empty")
@@ -90,4 +106,9 @@ def test_the_module_does_not_import_torch():
     import sys
 
     code = "import sys, rlcore.engine_kit.weights, rlcore.engine_kit.samples; print('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        == "False"
+    )

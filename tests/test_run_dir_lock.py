@@ -49,7 +49,10 @@ def test_a_held_lock_refuses_others_and_a_killed_holder_frees_it(tmp_path):
         with pytest.raises(UsageError) as caught:
             RunDirLock(run_dir).acquire()
         message = str(caught.value)
-        assert f"the run directory {run_dir} is in use by another run: pid {proc.pid} on host {socket.gethostname()}" in message
+        assert (
+            f"the run directory {run_dir} is in use by another run: pid {proc.pid} on host {socket.gethostname()}"
+            in message
+        )
         assert str(run_dir / ".lock") in message and "started " in message
         assert run_dir_problems(run_dir, resume=True) == [message]
 
@@ -77,8 +80,15 @@ def test_one_process_cannot_hold_a_run_directory_twice_and_asking_keeps_its_lock
         assert lock_holder(run_dir)["pid"] == os.getpid()
         # Asking in the holding process must not drop the lock (a POSIX lock goes with any close).
         probe = subprocess.run(
-            [sys.executable, "-c", "import sys; from rlcore.launching import lock_holder; print(lock_holder(sys.argv[1]))",
-             str(run_dir)], capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                "-c",
+                "import sys; from rlcore.launching import lock_holder; print(lock_holder(sys.argv[1]))",
+                str(run_dir),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert f"'pid': {os.getpid()}" in probe.stdout, probe.stdout + probe.stderr
     finally:
@@ -88,18 +98,27 @@ def test_one_process_cannot_hold_a_run_directory_twice_and_asking_keeps_its_lock
 
 
 def _rlcore(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rlcore", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlcore", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 @pytest.mark.slow
 def test_a_second_run_on_a_live_runs_directory_is_refused_until_the_first_dies(tmp_path, tiny_model):
-    manifest = write_run_manifest(tmp_path, tiny_model, trainer={"steps": 2000, "save_every": 1, "loggers": ["jsonl"]},
-                                  data={"val": None})
+    manifest = write_run_manifest(
+        tmp_path,
+        tiny_model,
+        trainer={"steps": 2000, "save_every": 1, "loggers": ["jsonl"]},
+        data={"val": None},
+    )
     run_dir = tmp_path / "run"
     first = _rlcore("run", str(manifest), "--run-dir", str(run_dir))
     try:
-        wait_for(lambda: first.poll() is not None or (run_dir / "checkpoints" / "latest").exists(), 600,
-                  "the first run's first checkpoint")
+        wait_for(
+            lambda: first.poll() is not None or (run_dir / "checkpoints" / "latest").exists(),
+            600,
+            "the first run's first checkpoint",
+        )
         assert first.poll() is None, "the first run ended early"
         assert lock_holder(run_dir)["pid"] == first.pid
         metrics = (run_dir / "metrics.jsonl").stat()
@@ -107,7 +126,10 @@ def test_a_second_run_on_a_live_runs_directory_is_refused_until_the_first_dies(t
         second = run_cli("run", str(manifest), "--run-dir", str(run_dir), "--resume", timeout=300)
         assert second.returncode == 2, second.stdout + second.stderr
         said = " ".join(second.stdout.split())  # rich may wrap the long line
-        assert f"the run directory {run_dir} is in use by another run: pid {first.pid} on host {socket.gethostname()}" in said
+        assert (
+            f"the run directory {run_dir} is in use by another run: pid {first.pid} on host {socket.gethostname()}"
+            in said
+        )
         assert "Traceback" not in second.stdout + second.stderr
         # The refused run touched nothing of the live one's.
         assert (run_dir / "metrics.jsonl").stat().st_ino == metrics.st_ino
@@ -121,7 +143,11 @@ def test_a_second_run_on_a_live_runs_directory_is_refused_until_the_first_dies(t
         assert f"is in use by another run: pid {first.pid}" in said
         assert f"the run directory {run_dir} already holds checkpoints; pass --resume" in said
         dry = run_cli("run", str(manifest), "--run-dir", str(run_dir), "--dry-run", "--resume", timeout=300)
-        assert dry.returncode == 2 and "in use by another run" in dry.stdout and "holds checkpoints" not in dry.stdout
+        assert (
+            dry.returncode == 2
+            and "in use by another run" in dry.stdout
+            and "holds checkpoints" not in dry.stdout
+        )
 
         first.send_signal(signal.SIGKILL)
         assert first.wait(timeout=60) == -signal.SIGKILL
@@ -132,8 +158,16 @@ def test_a_second_run_on_a_live_runs_directory_is_refused_until_the_first_dies(t
     dry = run_cli("run", str(manifest), "--run-dir", str(run_dir), "--dry-run", "--resume", timeout=300)
     assert dry.returncode == 0 and "refused" not in dry.stdout, dry.stdout + dry.stderr
     step = int((run_dir / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
-    resumed = run_cli("run", str(manifest), "--run-dir", str(run_dir), "--resume", "--set", f"trainer.steps={step + 1}",
-                      timeout=600)
+    resumed = run_cli(
+        "run",
+        str(manifest),
+        "--run-dir",
+        str(run_dir),
+        "--resume",
+        "--set",
+        f"trainer.steps={step + 1}",
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert [r["step"] for r in train_rows(run_dir)] == list(range(1, step + 2))
     assert lock_holder(run_dir) is None

@@ -33,15 +33,21 @@ def test_background_rollouts_at_staleness_0_reproduce_the_synchronous_run(tmp_pa
     # Both runs generate with an engine holding its own copy of the weights (a background engine
     # must), so only the scheduling differs. (Sharing the actor's module instead changes the
     # rollout log-probs in the 7th digit: another load of the same weights, another attention.)
-    tables = dict(trainer={"steps": 3, "eval_every": 2}, data={"val": "synthetic:addition?size=4&seed=0&split=test"})
+    tables = dict(
+        trainer={"steps": 3, "eval_every": 2}, data={"val": "synthetic:addition?size=4&seed=0&split=test"}
+    )
     sync = write_run_manifest(tmp_path, tiny_model, rollout={"share_actor": False}, **tables)
     assert _run(sync, tmp_path / "sync") == 0
     background = write_run_manifest(tmp_path, tiny_model, rollout={"max_staleness": 0}, **tables)
     assert _run(background, tmp_path / "background") == 0
     expected, got = read_metrics(tmp_path / "sync"), read_metrics(tmp_path / "background")
-    assert [r["step"] for r in got] == [r["step"] for r in expected] == [1, 2, 2, 3, 3]  # val after steps 2 and 3
+    assert (
+        [r["step"] for r in got] == [r["step"] for r in expected] == [1, 2, 2, 3, 3]
+    )  # val after steps 2 and 3
     for want, have in zip(_untimed(expected), _untimed(got)):
-        assert have == want, {k: (want.get(k), have.get(k)) for k in want.keys() | have.keys() if want.get(k) != have.get(k)}
+        assert have == want, {
+            k: (want.get(k), have.get(k)) for k in want.keys() | have.keys() if want.get(k) != have.get(k)
+        }
     assert all(r["rollout/staleness/max"] == 0 for r in got if "rollout/staleness/max" in r)
     train = [r for r in got if "actor/pg_loss" in r]
     assert all("async/engine_busy_fraction" in r and "async/trainer_wait_fraction" in r for r in train)
@@ -49,7 +55,9 @@ def test_background_rollouts_at_staleness_0_reproduce_the_synchronous_run(tmp_pa
 
 @pytest.mark.slow
 def test_one_step_off_policy_stays_within_its_staleness(tmp_path, tiny_model):
-    manifest = write_run_manifest(tmp_path, tiny_model, rollout={"max_staleness": 1}, trainer={"steps": 4, "save_every": 2})
+    manifest = write_run_manifest(
+        tmp_path, tiny_model, rollout={"max_staleness": 1}, trainer={"steps": 4, "save_every": 2}
+    )
     assert _run(manifest, tmp_path / "run") == 0
     rows = [r for r in read_metrics(tmp_path / "run") if "actor/pg_loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -61,7 +69,12 @@ def test_one_step_off_policy_stays_within_its_staleness(tmp_path, tiny_model):
     resolved = (tmp_path / "run" / "manifest.resolved.toml").read_text()
     assert 'rollout_correction = "token_truncate"' in resolved
     # Resuming trains the batch the checkpoint saved in flight, then goes on one step behind.
-    assert main(["run", str(manifest), "--run-dir", str(tmp_path / "run"), "--resume", "--set", "trainer.steps=6"]) == 0
+    assert (
+        main(
+            ["run", str(manifest), "--run-dir", str(tmp_path / "run"), "--resume", "--set", "trainer.steps=6"]
+        )
+        == 0
+    )
     resumed = [r for r in read_metrics(tmp_path / "run") if "actor/pg_loss" in r]
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
     assert [r["rollout/staleness/max"] for r in resumed[4:]] == [1, 1]
@@ -75,11 +88,17 @@ def test_engines_with_their_own_weights_resume_as_if_never_stopped(tmp_path, tin
     synchronous one. (Above staleness 0, see tests/test_faults_resume.py.)"""
     shutil.copy(FIXTURES / "dense_rewards.py", tmp_path / "dense_rewards.py")
     manifest = write_run_manifest(
-        tmp_path, tiny_model, rollout=rollout, trainer={"steps": 3, "save_every": 1, "lr": 5e-3},
-        reward={"function": "python:dense_rewards.py:upper", "method": None}, data={"val": None},
+        tmp_path,
+        tiny_model,
+        rollout=rollout,
+        trainer={"steps": 3, "save_every": 1, "lr": 5e-3},
+        reward={"function": "python:dense_rewards.py:upper", "method": None},
+        data={"val": None},
     )
     assert _run(manifest, tmp_path / "whole") == 0
-    assert main(["run", str(manifest), "--run-dir", str(tmp_path / "resumed"), "--set", "trainer.steps=2"]) == 0
+    assert (
+        main(["run", str(manifest), "--run-dir", str(tmp_path / "resumed"), "--set", "trainer.steps=2"]) == 0
+    )
     assert main(["run", str(manifest), "--run-dir", str(tmp_path / "resumed"), "--resume"]) == 0
     whole, resumed = read_metrics(tmp_path / "whole"), read_metrics(tmp_path / "resumed")
     assert len(whole) == 3 and _untimed(resumed) == _untimed(whole)
@@ -93,10 +112,16 @@ def test_stale_batches_train_against_current_and_generating_log_probs(tmp_path, 
     before the first of several optimizer steps, the update's own pass's with one."""
     from rlcore.trainer.rl import RLTrainer
 
-    shutil.copy(FIXTURES / "dense_rewards.py", tmp_path / "dense_rewards.py")  # a reward that varies: weights move
+    shutil.copy(
+        FIXTURES / "dense_rewards.py", tmp_path / "dense_rewards.py"
+    )  # a reward that varies: weights move
     manifest = write_run_manifest(
-        tmp_path, tiny_model, rollout={"max_staleness": 1}, trainer={"steps": 3, "lr": 5e-3},
-        reward={"function": "python:dense_rewards.py:upper", "method": None}, algorithm={"mini_batches": mini_batches},
+        tmp_path,
+        tiny_model,
+        rollout={"max_staleness": 1},
+        trainer={"steps": 3, "lr": 5e-3},
+        reward={"function": "python:dense_rewards.py:upper", "method": None},
+        algorithm={"mini_batches": mini_batches},
     )
     trainer = RLTrainer(load_manifest(manifest), tmp_path / "run")
     trainer.setup()
@@ -138,8 +163,12 @@ def test_stale_batches_train_against_current_and_generating_log_probs(tmp_path, 
             mask = batch.response_mask.bool()
             under_generating = trainer.actor.logprobs(batch, 1.0, model=generating)
             assert torch.allclose(batch.rollout_logprobs[mask], under_generating[mask], atol=1e-4)
-            if has_old and step - version == 1:  # a stale batch's old log-probs are not its generating weights'
-                assert not torch.allclose(batch.tensors["old_logprobs"][mask], under_generating[mask], atol=1e-4)
+            if (
+                has_old and step - version == 1
+            ):  # a stale batch's old log-probs are not its generating weights'
+                assert not torch.allclose(
+                    batch.tensors["old_logprobs"][mask], under_generating[mask], atol=1e-4
+                )
         assert any(has_old for _, _, has_old in seen) == (mini_batches > 1)
     finally:
         trainer.scheduler.close()
@@ -149,7 +178,9 @@ def test_stale_batches_train_against_current_and_generating_log_probs(tmp_path, 
 def test_stale_batches_are_corrected_by_default_unless_the_manifest_says_otherwise(tmp_path, tiny_model):
     def correction(**rollout_and_algorithm):
         algorithm = rollout_and_algorithm.pop("algorithm", {})
-        manifest = write_run_manifest(tmp_path, tiny_model, rollout=rollout_and_algorithm, algorithm=algorithm)
+        manifest = write_run_manifest(
+            tmp_path, tiny_model, rollout=rollout_and_algorithm, algorithm=algorithm
+        )
         return load_manifest(manifest).core.algorithm.rollout_correction
 
     assert correction() == "none"
@@ -163,4 +194,8 @@ def test_a_bad_max_staleness_is_a_located_error(tmp_path, tiny_model, capsys):
     manifest = write_run_manifest(tmp_path, tiny_model, rollout={"max_staleness": -1})
     assert main(["validate", str(manifest)]) == 2
     shown = "".join(capsys.readouterr())
-    assert "manifest.toml:" in shown and "[rollout.max_staleness]" in shown and "greater than or equal to 0" in shown
+    assert (
+        "manifest.toml:" in shown
+        and "[rollout.max_staleness]" in shown
+        and "greater than or equal to 0" in shown
+    )

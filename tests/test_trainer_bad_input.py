@@ -20,7 +20,12 @@ def _assert_clean(proc, code: int, *phrases: str) -> None:
 @pytest.mark.slow
 def test_rows_without_the_fields_the_reward_needs(tmp_path, tiny_model):
     data = tmp_path / "rows.jsonl"
-    data.write_text("\n".join(json.dumps({"prompt": [{"role": "user", "content": f"q{i}"}], "data_source": "x"}) for i in range(4)))
+    data.write_text(
+        "\n".join(
+            json.dumps({"prompt": [{"role": "user", "content": f"q{i}"}], "data_source": "x"})
+            for i in range(4)
+        )
+    )
     manifest = write_run_manifest(tmp_path, tiny_model, data={"train": str(data), "val": None})
     proc = run_cli("run", str(manifest), "--run-dir", str(tmp_path / "run"))
     _assert_clean(proc, 2, "rows.jsonl", "ground_truth")
@@ -64,11 +69,17 @@ def test_grpo_with_one_sample_per_prompt(tmp_path):
 @pytest.mark.slow
 def test_prompt_and_response_longer_than_the_context_are_refused_at_start_up(tmp_path, tiny_model):
     """It used to pass validate and crash mid-run when a long prompt came, and again on --resume."""
-    manifest = write_run_manifest(tmp_path, tiny_model, data={"max_prompt_tokens": 2000, "max_response_tokens": 100})
+    manifest = write_run_manifest(
+        tmp_path, tiny_model, data={"max_prompt_tokens": 2000, "max_response_tokens": 100}
+    )
     proc = run_cli("run", str(manifest), "--run-dir", str(tmp_path / "run"))
-    _assert_clean(proc, 2, "manifest.toml", "max_prompt_tokens = 2000 + max_response_tokens = 100 = 2100 tokens",
-                  "context of 2048 positions")
-
+    _assert_clean(
+        proc,
+        2,
+        "manifest.toml",
+        "max_prompt_tokens = 2000 + max_response_tokens = 100 = 2100 tokens",
+        "context of 2048 positions",
+    )
 
 
 def test_prompts_that_do_not_divide_among_ranks_and_mini_batches_name_both_keys(tmp_path, tiny_model):
@@ -76,7 +87,12 @@ def test_prompts_that_do_not_divide_among_ranks_and_mini_batches_name_both_keys(
     from rlcore.manifest.loader import load_manifest
     from rlcore.trainer.startup_checks import batch_divides
 
-    manifest = load_manifest(write_run_manifest(tmp_path, tiny_model, data={"prompts_per_step": 6}, algorithm={"mini_batches": 2}))
+    manifest = load_manifest(
+        write_run_manifest(tmp_path, tiny_model, data={"prompts_per_step": 6}, algorithm={"mini_batches": 2})
+    )
     batch_divides(manifest, world=1)  # 6 = 1 x 2 x 3
-    with pytest.raises(UsageError, match=r"manifest.toml: \[data\] prompts_per_step = 6 .* ranks \(2\) times \[algorithm\] mini_batches \(2\)"):
+    with pytest.raises(
+        UsageError,
+        match=r"manifest.toml: \[data\] prompts_per_step = 6 .* ranks \(2\) times \[algorithm\] mini_batches \(2\)",
+    ):
         batch_divides(manifest, world=2)

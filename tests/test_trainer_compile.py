@@ -14,7 +14,9 @@ from rlcore.trainer import compiling
 from rlcore.trainer.batch import build_batch, pack
 from rlcore.trainer.logprobs import _logit_stats, _logits_grad, token_logprobs
 
-needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on CPU needs a C++ compiler")
+needs_compiler = pytest.mark.skipif(
+    shutil.which("g++") is None, reason="torch.compile on CPU needs a C++ compiler"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -31,8 +33,15 @@ def _model(attention: str = "sdpa"):
 
     register()
     torch.manual_seed(0)
-    config = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=96, vocab_size=257, tie_word_embeddings=True)  # head size 16: flash needs a multiple of 8
+    config = Qwen2Config(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        vocab_size=257,
+        tie_word_embeddings=True,
+    )  # head size 16: flash needs a multiple of 8
     model = Qwen2ForCausalLM(config)
     model.set_attn_implementation(attention)
     return model
@@ -51,9 +60,12 @@ def _lora_b_nonzero(model):
 def _micros(lengths=((5, 9), (3, 14), (7, 2)), seed: int = 1, device: str = "cpu"):
     g = torch.Generator().manual_seed(seed)
     trajectories = [
-        Trajectory(prompt=Prompt(token_ids=torch.randint(0, 257, (p,), generator=g).tolist(), messages=[]),
-                   response_ids=torch.randint(0, 257, (r,), generator=g).tolist(), response_mask=[1] * r,
-                   rollout_logprobs=[0.0] * r)
+        Trajectory(
+            prompt=Prompt(token_ids=torch.randint(0, 257, (p,), generator=g).tolist(), messages=[]),
+            response_ids=torch.randint(0, 257, (r,), generator=g).tolist(),
+            response_mask=[1] * r,
+            rollout_logprobs=[0.0] * r,
+        )
         for p, r in lengths
     ]
     batch = build_batch(trajectories, [0.0] * len(trajectories), 1)
@@ -65,7 +77,11 @@ def _run(model, micro, temperature: float = 1.0):
     lp, ent = token_logprobs(model, micro, temperature, with_entropy=True, chunk_tokens=8, entropy_grad=False)
     weights = torch.linspace(-1.0, 2.0, lp.shape[0], device=lp.device)
     (lp * weights).sum().backward()
-    return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return (
+        lp.detach(),
+        ent.detach(),
+        {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+    )
 
 
 def test_auto_compiles_on_cuda_with_one_rank_only():
@@ -90,12 +106,16 @@ def test_head_kernels_match_autograd_eagerly():
 
 
 @needs_compiler
-@pytest.mark.parametrize("attention, lora", [("sdpa", False), ("rlcore_varlen", False), ("rlcore_varlen", True)])
+@pytest.mark.parametrize(
+    "attention, lora", [("sdpa", False), ("rlcore_varlen", False), ("rlcore_varlen", True)]
+)
 def test_compiled_layers_and_head_equal_eager(attention, lora):
     from rlcore.manifest.schema import LoraTable, ModelTable
     from rlcore.trainer.models import prepare_actor
 
-    table = ModelTable(path="unused", lora=LoraTable(rank=4, alpha=8, target_modules=["q_proj", "v_proj"]) if lora else None)
+    table = ModelTable(
+        path="unused", lora=LoraTable(rank=4, alpha=8, target_modules=["q_proj", "v_proj"]) if lora else None
+    )
     eager = _lora_b_nonzero(prepare_actor(_model(attention), table))
     compiled = copy.deepcopy(eager)
     assert compiling.compile_decoder_layers(compiled) == 2
@@ -143,6 +163,7 @@ def test_compiler_failure_falls_back_to_eager(monkeypatch):
     def broken(fn, **kwargs):
         def run(*args, **kw):
             raise RuntimeError("no compiler here")
+
         return run
 
     monkeypatch.setattr(compiling.torch, "compile", broken)
@@ -180,16 +201,22 @@ def test_gradient_checkpointing_keeps_the_layers_eager_and_the_head_compiled():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("lora, checkpointing", [(False, False), (True, False), (True, True)],
-                         ids=["full", "lora", "lora+checkpointing"])
+@pytest.mark.parametrize(
+    "lora, checkpointing",
+    [(False, False), (True, False), (True, True)],
+    ids=["full", "lora", "lora+checkpointing"],
+)
 def test_compiled_training_on_cuda_matches_eager(lora, checkpointing):
     """bfloat16 on the GPU with the flash varlen attention, as `[model] compile = "auto"` runs it,
     also under peft adapters and gradient checkpointing (the trainer's prepare_actor)."""
     from rlcore.manifest.schema import LoraTable, ModelTable
     from rlcore.trainer.models import prepare_actor
 
-    table = ModelTable(path="unused", gradient_checkpointing=checkpointing,
-                       lora=LoraTable(rank=4, alpha=8, target_modules=["q_proj", "v_proj"]) if lora else None)
+    table = ModelTable(
+        path="unused",
+        gradient_checkpointing=checkpointing,
+        lora=LoraTable(rank=4, alpha=8, target_modules=["q_proj", "v_proj"]) if lora else None,
+    )
     eager = _lora_b_nonzero(prepare_actor(_model("rlcore_varlen").to("cuda", torch.bfloat16), table))
     compiled = copy.deepcopy(eager)
     assert compiling.compile_decoder_layers(compiled) == (0 if checkpointing else 2)

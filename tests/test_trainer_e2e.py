@@ -10,7 +10,13 @@ import pytest
 from rlcore.cli import main
 from rlcore.testing.runs import read_metrics, train_rows, write_run_manifest
 
-FINITE_KEYS = ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "critic/score/mean", "response_length/mean")
+FINITE_KEYS = (
+    "actor/pg_loss",
+    "actor/entropy",
+    "actor/grad_norm",
+    "critic/score/mean",
+    "response_length/mean",
+)
 
 
 def _run(manifest, run_dir, *extra):
@@ -31,7 +37,14 @@ def test_grpo_runs_writes_metrics_checkpoints_and_resumes(tmp_path, tiny_model):
     rows = train_rows(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
     _assert_finite(rows)
-    for key in ("timing_s/gen", "timing_s/update_actor", "perf/throughput", "response_length/clip_ratio", "actor/ppo_kl", "actor/pg_clipfrac"):
+    for key in (
+        "timing_s/gen",
+        "timing_s/update_actor",
+        "perf/throughput",
+        "response_length/clip_ratio",
+        "actor/ppo_kl",
+        "actor/pg_clipfrac",
+    ):
         assert key in rows[0], key
     assert (run_dir / "manifest.resolved.toml").exists()
     assert "rlcore-rollout-hf" in (run_dir / "manifest.resolved.toml").read_text()
@@ -49,9 +62,18 @@ def test_grpo_runs_writes_metrics_checkpoints_and_resumes(tmp_path, tiny_model):
 @pytest.mark.slow
 def test_ppo_with_critic_and_kl_runs(tmp_path, tiny_model):
     manifest = write_run_manifest(
-        tmp_path, tiny_model,
-        algorithm={"advantage": "gae", "policy_loss": "ppo_clip", "kl_coef": 0.01, "kl_estimator": "k3", "entropy_coef": 0.001,
-                   "ppo_epochs": 2, "mini_batches": 2, "loss_agg_mode": "seq-mean-token-mean"},
+        tmp_path,
+        tiny_model,
+        algorithm={
+            "advantage": "gae",
+            "policy_loss": "ppo_clip",
+            "kl_coef": 0.01,
+            "kl_estimator": "k3",
+            "entropy_coef": 0.001,
+            "ppo_epochs": 2,
+            "mini_batches": 2,
+            "loss_agg_mode": "seq-mean-token-mean",
+        },
         rollout={"samples_per_prompt": 1},
         trainer={"steps": 2},
     )
@@ -59,17 +81,29 @@ def test_ppo_with_critic_and_kl_runs(tmp_path, tiny_model):
     assert _run(manifest, run_dir) == 0
     rows = train_rows(run_dir)
     _assert_finite(rows)
-    for key in ("critic/vf_loss", "critic/values/mean", "actor/kl_loss", "timing_s/ref", "timing_s/values", "timing_s/old_log_prob"):
+    for key in (
+        "critic/vf_loss",
+        "critic/values/mean",
+        "actor/kl_loss",
+        "timing_s/ref",
+        "timing_s/values",
+        "timing_s/old_log_prob",
+    ):
         assert key in rows[0] and math.isfinite(rows[0][key]), key
 
 
 @pytest.mark.slow
 def test_lora_with_kl_in_reward_and_export(tmp_path, tiny_model):
     manifest = write_run_manifest(
-        tmp_path, tiny_model,
+        tmp_path,
+        tiny_model,
         model={"lora": {"rank": 4, "alpha": 8}, "gradient_checkpointing": True},
-        algorithm={"advantage": "rloo", "kl_coef": 0.05, "kl_in_reward": True,
-                   "rollout_correction": "token_truncate"},
+        algorithm={
+            "advantage": "rloo",
+            "kl_coef": 0.05,
+            "kl_in_reward": True,
+            "rollout_correction": "token_truncate",
+        },
         trainer={"steps": 1, "export_final": True},
     )
     run_dir = tmp_path / "run"
@@ -92,7 +126,9 @@ def test_compiled_trainer_matches_eager_run(tmp_path, tiny_model):
     rows = {}
     for setting in (False, True):
         (tmp_path / str(setting)).mkdir()
-        manifest = write_run_manifest(tmp_path / str(setting), tiny_model, model={"compile": setting}, trainer={"steps": 1})
+        manifest = write_run_manifest(
+            tmp_path / str(setting), tiny_model, model={"compile": setting}, trainer={"steps": 1}
+        )
         assert _run(manifest, tmp_path / str(setting) / "run") == 0
         rows[setting] = train_rows(tmp_path / str(setting) / "run")[0]
     _assert_finite([rows[True]])
@@ -100,4 +136,8 @@ def test_compiled_trainer_matches_eager_run(tmp_path, tiny_model):
     assert rows[True]["response_length/mean"] == rows[False]["response_length/mean"]
     assert rows[True]["critic/score/mean"] == rows[False]["critic/score/mean"]
     for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
-        assert math.isclose(rows[True][key], rows[False][key], rel_tol=1e-3, abs_tol=1e-5), (key, rows[True][key], rows[False][key])
+        assert math.isclose(rows[True][key], rows[False][key], rel_tol=1e-3, abs_tol=1e-5), (
+            key,
+            rows[True][key],
+            rows[False][key],
+        )

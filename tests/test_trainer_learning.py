@@ -27,7 +27,8 @@ def small_vocab_model(tmp_path_factory):
 def test_grpo_raises_a_dense_reward(tmp_path, small_vocab_model):
     shutil.copy(ROOT / "tests" / "fixtures" / "dense_rewards.py", tmp_path / "dense_rewards.py")
     manifest = write_run_manifest(
-        tmp_path, small_vocab_model,
+        tmp_path,
+        small_vocab_model,
         data={"prompts_per_step": 8, "max_response_tokens": 8, "val": None},
         rollout={"samples_per_prompt": 4, "temperature": 1.0},
         reward={"function": "python:dense_rewards.py:digits", "method": None},

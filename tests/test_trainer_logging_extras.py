@@ -24,8 +24,15 @@ def test_peak_and_mfu_by_hand():
 @pytest.mark.slow
 def test_validation_samples_go_to_generations_jsonl(tmp_path, tiny_model):
     manifest = write_run_manifest(
-        tmp_path, tiny_model,
-        trainer={"steps": 2, "save_every": 1, "eval_every": 1, "log_val_generations": 3, "loggers": ["jsonl"]},
+        tmp_path,
+        tiny_model,
+        trainer={
+            "steps": 2,
+            "save_every": 1,
+            "eval_every": 1,
+            "log_val_generations": 3,
+            "loggers": ["jsonl"],
+        },
     )
     run = tmp_path / "run"
     assert main(["run", str(manifest), "--run-dir", str(run)]) == 0
@@ -60,7 +67,9 @@ def test_out_of_memory_names_the_phase_and_the_knob():
     from rlcore.trainer.phases import OutOfMemory, Timer
 
     timer = Timer()
-    with pytest.raises(OutOfMemory, match=r"out of GPU memory in the 'update_actor' phase .*micro_batch_tokens"):
+    with pytest.raises(
+        OutOfMemory, match=r"out of GPU memory in the 'update_actor' phase .*micro_batch_tokens"
+    ):
         with timer("step"), timer("update_actor"):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     with pytest.raises(OutOfMemory, match=r"'gen' phase .*the engine's batch or memory options"):
@@ -74,7 +83,10 @@ def test_out_of_memory_names_the_phase_and_the_knob():
         memory_options = ("kv_cache_gb",)
 
     knowing = Timer(knobs={"gen": generation_knobs("toy", EngineOptions)})
-    with pytest.raises(OutOfMemory, match=r"lower \[rollout\] kv_cache_gb \(the toy engine's\) or \[data\] max_response_tokens"):
+    with pytest.raises(
+        OutOfMemory,
+        match=r"lower \[rollout\] kv_cache_gb \(the toy engine's\) or \[data\] max_response_tokens",
+    ):
         with knowing.phase("gen"):
             raise torch.OutOfMemoryError("CUDA out of memory")
     assert "timing_s/update_actor" in timer.times  # timed even when it failed

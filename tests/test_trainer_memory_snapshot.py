@@ -22,7 +22,9 @@ MEMORY_VIZ = "https://pytorch.org/memory_viz"
 
 
 def test_the_keys_validate_and_a_bad_step_is_located(tmp_path, tiny_model, capsys):
-    good = write_run_manifest(tmp_path, tiny_model, trainer={"memory_snapshot_steps": [1, 3], "memory_snapshot_on_oom": True})
+    good = write_run_manifest(
+        tmp_path, tiny_model, trainer={"memory_snapshot_steps": [1, 3], "memory_snapshot_on_oom": True}
+    )
     assert main(["validate", str(good)]) == 0
     bad = write_run_manifest(tmp_path, tiny_model, trainer={"memory_snapshot_steps": [2, 0]})
     capsys.readouterr()
@@ -35,9 +37,13 @@ def test_the_keys_validate_and_a_bad_step_is_located(tmp_path, tiny_model, capsy
 
 
 def test_validating_the_keys_does_not_import_torch(tmp_path, tiny_model):
-    manifest = write_run_manifest(tmp_path, tiny_model, trainer={"memory_snapshot_steps": [2], "memory_snapshot_on_oom": True})
-    code = (f"import sys; from rlcore.cli import main; assert main(['validate', {str(manifest)!r}]) == 0; "
-            "assert 'torch' not in sys.modules, 'validate imported torch'")
+    manifest = write_run_manifest(
+        tmp_path, tiny_model, trainer={"memory_snapshot_steps": [2], "memory_snapshot_on_oom": True}
+    )
+    code = (
+        f"import sys; from rlcore.cli import main; assert main(['validate', {str(manifest)!r}]) == 0; "
+        "assert 'torch' not in sys.modules, 'validate imported torch'"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -150,7 +156,10 @@ def test_without_recording_the_out_of_memory_error_names_no_snapshot(tmp_path, f
 
     from rlcore.trainer.phases import MemoryHistory, OutOfMemory, Timer
 
-    for history in (MemoryHistory([2], False, tmp_path, cuda=True), MemoryHistory([1], True, tmp_path, cuda=False)):
+    for history in (
+        MemoryHistory([2], False, tmp_path, cuda=True),
+        MemoryHistory([1], True, tmp_path, cuda=False),
+    ):
         with history.run(), history.step(1):
             with pytest.raises(OutOfMemory) as raised, Timer(history)("gen"):
                 raise torch.OutOfMemoryError("CUDA out of memory")
@@ -164,7 +173,9 @@ def test_without_recording_the_out_of_memory_error_names_no_snapshot(tmp_path, f
 @pytest.mark.slow
 def test_a_cpu_run_warns_once_and_completes(tmp_path, tiny_model):
     manifest = write_run_manifest(
-        tmp_path, tiny_model, trainer={"steps": 2, "memory_snapshot_steps": [1, 2], "memory_snapshot_on_oom": True}
+        tmp_path,
+        tiny_model,
+        trainer={"steps": 2, "memory_snapshot_steps": [1, 2], "memory_snapshot_on_oom": True},
     )
     run = tmp_path / "run"
     assert main(["run", str(manifest), "--run-dir", str(run)]) == 0
@@ -176,7 +187,9 @@ def test_a_cpu_run_warns_once_and_completes(tmp_path, tiny_model):
 
 
 @pytest.mark.slow
-def test_the_trainer_records_the_chosen_step_and_names_the_oom_snapshot(tmp_path, tiny_model, fake_cuda, monkeypatch):
+def test_the_trainer_records_the_chosen_step_and_names_the_oom_snapshot(
+    tmp_path, tiny_model, fake_cuda, monkeypatch
+):
     """The trainer's wiring, on a CPU: MemoryHistory told there is CUDA, torch's functions faked."""
     import torch
 
@@ -205,4 +218,8 @@ def test_the_trainer_records_the_chosen_step_and_names_the_oom_snapshot(tmp_path
         main(["--debug", "run", str(manifest), "--run-dir", str(run)])
     target = run / "memory" / "oom_step_000001.pickle"
     assert "'update_actor' phase" in str(raised.value) and str(target) in str(raised.value)
-    assert target.exists() and [c[0] for c in fake_cuda] == ["record", "dump", "record"] and fake_cuda[-1] == STOP
+    assert (
+        target.exists()
+        and [c[0] for c in fake_cuda] == ["record", "dump", "record"]
+        and fake_cuda[-1] == STOP
+    )

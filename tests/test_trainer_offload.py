@@ -58,12 +58,18 @@ def test_one_rank_offload_trains_like_no_offload_and_resumes(tmp_path, tiny_mode
     the full float32 model."""
     plain = _manifest(tmp_path, tiny_model, "plain", trainer={"steps": 3, "lr": 1e-2})
     _run(plain, tmp_path / "plain-run")
-    offload = _manifest(tmp_path, tiny_model, "offload",
-                        trainer={"steps": 2, "lr": 1e-2, "fsdp_offload": True, "export_final": True})
+    offload = _manifest(
+        tmp_path,
+        tiny_model,
+        "offload",
+        trainer={"steps": 2, "lr": 1e-2, "fsdp_offload": True, "export_final": True},
+    )
     _run(offload, tmp_path / "offload-run")
     saved = _weights(tmp_path / "offload-run" / "checkpoints" / "step_000002" / "model")
     assert {t.dtype for t in saved.values()} == {torch.float32}
-    assert _weights(tmp_path / "offload-run" / "export").keys() == saved.keys()  # export_final gathers the shards too
+    assert (
+        _weights(tmp_path / "offload-run" / "export").keys() == saved.keys()
+    )  # export_final gathers the shards too
     offload.write_text(offload.read_text().replace("steps = 2", "steps = 3"))
     log = _run(offload, tmp_path / "offload-run", "--resume")
     assert "resumed from" in log
@@ -99,7 +105,9 @@ def test_one_rank_offload_mixed_precision_keeps_float32_masters(tmp_path, tiny_m
     common = {"model": {"compute_dtype": "bfloat16"}}
     plain = _manifest(tmp_path, tiny_model, "plain", trainer={"steps": 2, "lr": 1e-3}, **common)
     _run(plain, tmp_path / "plain-run")
-    offload = _manifest(tmp_path, tiny_model, "offload", trainer={"steps": 2, "lr": 1e-3, "fsdp_offload": True}, **common)
+    offload = _manifest(
+        tmp_path, tiny_model, "offload", trainer={"steps": 2, "lr": 1e-3, "fsdp_offload": True}, **common
+    )
     _run(offload, tmp_path / "offload-run")
     a, b = train_rows(tmp_path / "plain-run"), train_rows(tmp_path / "offload-run")
     assert a[0]["critic/score/mean"] == pytest.approx(b[0]["critic/score/mean"], abs=1e-9)
@@ -113,18 +121,24 @@ def test_one_rank_offload_mixed_precision_keeps_float32_masters(tmp_path, tiny_m
 def test_one_rank_offload_with_a_critic_and_an_engine_of_its_own(tmp_path, tiny_model):
     """PPO's critic is sharded and offloaded too, and an engine holding its own weights receives
     the actor's, gathered from the one rank's shards: its log-probs match the trainer's."""
-    tables = dict(rollout={"samples_per_prompt": 1, "temperature": 0.0, "share_actor": False},
-                  algorithm={"advantage": "gae"})
+    tables = dict(
+        rollout={"samples_per_prompt": 1, "temperature": 0.0, "share_actor": False},
+        algorithm={"advantage": "gae"},
+    )
     plain = _manifest(tmp_path, tiny_model, "plain", trainer={"steps": 2, "lr": 1e-2}, **tables)
     _run(plain, tmp_path / "plain-run")
-    offload = _manifest(tmp_path, tiny_model, "offload", trainer={"steps": 2, "lr": 1e-2, "fsdp_offload": True}, **tables)
+    offload = _manifest(
+        tmp_path, tiny_model, "offload", trainer={"steps": 2, "lr": 1e-2, "fsdp_offload": True}, **tables
+    )
     _run(offload, tmp_path / "offload-run")
     a, b = train_rows(tmp_path / "plain-run"), train_rows(tmp_path / "offload-run")
     for x, y in zip(a, b):
         assert x["critic/score/mean"] == pytest.approx(y["critic/score/mean"], abs=1e-9)
         for key in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm"):
             assert math.isclose(x[key], y[key], rel_tol=1e-3, abs_tol=1e-6), (x["step"], key, x[key], y[key])
-    assert all(r["rollout_corr/logprob_diff/max"] < 1e-3 for r in b), [r["rollout_corr/logprob_diff/max"] for r in b]
+    assert all(r["rollout_corr/logprob_diff/max"] < 1e-3 for r in b), [
+        r["rollout_corr/logprob_diff/max"] for r in b
+    ]
 
 
 @pytest.mark.slow

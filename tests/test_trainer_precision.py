@@ -23,8 +23,12 @@ DENSE = {"function": "python:dense_rewards.py:sum_and_upper", "method": None}
 
 def _dense_manifest(tmp_path, model_dir, **tables):
     shutil.copy(ROOT / "tests" / "fixtures" / "dense_rewards.py", tmp_path / "dense_rewards.py")
-    base = dict(reward=DENSE, algorithm={"advantage": "reinforce_pp"}, data={"val": None},
-                rollout={"samples_per_prompt": 2, "temperature": 1.0})
+    base = dict(
+        reward=DENSE,
+        algorithm={"advantage": "reinforce_pp"},
+        data={"val": None},
+        rollout={"samples_per_prompt": 2, "temperature": 1.0},
+    )
     for key, value in tables.items():
         base[key] = {**base.get(key, {}), **value}
     return write_run_manifest(tmp_path, model_dir, **base)
@@ -69,14 +73,18 @@ def test_bf16_compute_keeps_small_updates_in_float32_masters(tmp_path, tiny_mode
     for name, model in (("mixed", {"compute_dtype": "bfloat16"}), ("pure", {"dtype": "bfloat16"})):
         directory = tmp_path / name
         directory.mkdir()
-        manifest = _dense_manifest(directory, tiny_model, model=model, trainer={"steps": steps, "lr": lr, "grad_clip": 1e6})
+        manifest = _dense_manifest(
+            directory, tiny_model, model=model, trainer={"steps": steps, "lr": lr, "grad_clip": 1e6}
+        )
         assert main(["run", str(manifest), "--run-dir", str(directory / "run")]) == 0
         rows = train_rows(directory / "run")
         assert all(r["actor/grad_norm"] > 0 for r in rows)
         runs[name] = _weights(directory / "run" / "checkpoints" / f"step_{steps:06d}" / "model")
     mixed_changed, mixed_delta = _moved(initial, runs["mixed"])
     pure_changed, _ = _moved(initial, runs["pure"])
-    print(f"mixed: {mixed_changed:.3f} of weights moved, mean |change| {mixed_delta:.2e}; pure bf16: {pure_changed:.3f}")
+    print(
+        f"mixed: {mixed_changed:.3f} of weights moved, mean |change| {mixed_delta:.2e}; pure bf16: {pure_changed:.3f}"
+    )
     # The checkpoint holds the float32 masters, not their bfloat16 casts.
     assert all(t.dtype == torch.float32 for t in runs["mixed"].values())
     assert mixed_changed > 0.99
@@ -143,16 +151,24 @@ def test_master_weights_tied_parameters_publish_and_full_precision():
     with masters.full_precision():
         assert embed.weight.dtype == torch.float32
         state = {k: v.clone() for k, v in model.state_dict().items()}
-        model.load_state_dict({**state, "embed.weight": torch.zeros(10, 4), "head.weight": torch.zeros(10, 4)})
+        model.load_state_dict(
+            {**state, "embed.weight": torch.zeros(10, 4), "head.weight": torch.zeros(10, 4)}
+        )
     assert torch.equal(masters.params[0].detach(), torch.zeros(10, 4))  # a restore lands in the master
-    assert embed.weight.dtype == torch.bfloat16 and torch.equal(embed.weight, torch.zeros(10, 4, dtype=torch.bfloat16))
+    assert embed.weight.dtype == torch.bfloat16 and torch.equal(
+        embed.weight, torch.zeros(10, 4, dtype=torch.bfloat16)
+    )
 
 
 @pytest.mark.slow
 def test_mixed_precision_resume_matches_an_uninterrupted_run(tmp_path, tiny_model):
     """The checkpoint's float32 masters and optimizer state continue the run exactly."""
-    manifest = _dense_manifest(tmp_path, tiny_model, model={"compute_dtype": "bfloat16"},
-                               trainer={"steps": 3, "lr": 1e-3, "save_every": 1})
+    manifest = _dense_manifest(
+        tmp_path,
+        tiny_model,
+        model={"compute_dtype": "bfloat16"},
+        trainer={"steps": 3, "lr": 1e-3, "save_every": 1},
+    )
     assert main(["run", str(manifest), "--run-dir", str(tmp_path / "straight")]) == 0
     manifest.write_text(manifest.read_text().replace("steps = 3", "steps = 2"))
     assert main(["run", str(manifest), "--run-dir", str(tmp_path / "resumed")]) == 0
@@ -177,22 +193,36 @@ def test_mismatch_metrics_catch_an_engine_left_on_stale_weights(tmp_path, tiny_m
         directory = tmp_path / name
         directory.mkdir()
         # On the CPU in float32, where a synced engine agrees with the trainer to rounding.
-        manifest = _dense_manifest(directory, tiny_model, run={"device": "cpu"}, rollout={"share_actor": False},
-                                   trainer={"steps": 3, "lr": 3e-2})
+        manifest = _dense_manifest(
+            directory,
+            tiny_model,
+            run={"device": "cpu"},
+            rollout={"share_actor": False},
+            trainer={"steps": 3, "lr": 3e-2},
+        )
         assert main(["run", str(manifest), "--run-dir", str(directory / "run")]) == 0
         return train_rows(directory / "run")
 
     synced = run("synced")
     monkeypatch.setattr(HFRolloutEngine, "update_weights", lambda self, named_tensors: None)
     stale = run("stale")
-    keys = ("rollout_corr/logprob_diff/mean", "rollout_corr/logprob_diff/max", "rollout_corr/ratio/min",
-            "rollout_corr/ratio/mean", "rollout_corr/ratio/max", "rollout_corr/kl")
+    keys = (
+        "rollout_corr/logprob_diff/mean",
+        "rollout_corr/logprob_diff/max",
+        "rollout_corr/ratio/min",
+        "rollout_corr/ratio/mean",
+        "rollout_corr/ratio/max",
+        "rollout_corr/kl",
+    )
     for row in synced + stale:
         assert all(key in row for key in keys), sorted(row)
     print("synced:", [r["rollout_corr/logprob_diff/mean"] for r in synced])
     print("stale: ", [r["rollout_corr/logprob_diff/mean"] for r in stale])
     # Step 1: both engines hold the initial weights.
-    assert synced[0]["rollout_corr/logprob_diff/mean"] < 1e-4 and stale[0]["rollout_corr/logprob_diff/mean"] < 1e-4
+    assert (
+        synced[0]["rollout_corr/logprob_diff/mean"] < 1e-4
+        and stale[0]["rollout_corr/logprob_diff/mean"] < 1e-4
+    )
     for s, t in zip(synced[1:], stale[1:]):
         assert s["rollout_corr/logprob_diff/mean"] < 1e-4
         assert s["rollout_corr/ratio/min"] > 0.999 and s["rollout_corr/ratio/max"] < 1.001
@@ -221,7 +251,9 @@ def test_correction_weights_by_hand():
     w, _ = correction_weights(old, rollout, mask, "sequence_mask", 2.0, 0.5)
     assert torch.allclose(w, torch.tensor([[0.75, 0.75, 0.75], [1.5, 1.5, 0.0]]))
     # A huge gap neither overflows nor leaks through the mask.
-    w, _ = correction_weights(torch.full((1, 2), 500.0), torch.zeros(1, 2), torch.tensor([[1, 0]]), "token_truncate", 2.0, 0.5)
+    w, _ = correction_weights(
+        torch.full((1, 2), 500.0), torch.zeros(1, 2), torch.tensor([[1, 0]]), "token_truncate", 2.0, 0.5
+    )
     assert torch.equal(w, torch.tensor([[2.0, 0.0]]))
     with pytest.raises(ValueError, match="band"):
         correction_weights(old, rollout, mask, "token_mask", 0.9, 0.5)
@@ -248,13 +280,20 @@ def test_mismatch_metrics_by_hand():
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sequence_mask", "token_truncate"])
 def test_rollout_corrections_train_end_to_end(tmp_path, tiny_model, mode):
-    manifest = _dense_manifest(tmp_path, tiny_model, run={"device": "cpu"},
-                               algorithm={"rollout_correction": mode, "rollout_is_threshold": 1.5}, trainer={"steps": 2})
+    manifest = _dense_manifest(
+        tmp_path,
+        tiny_model,
+        run={"device": "cpu"},
+        algorithm={"rollout_correction": mode, "rollout_is_threshold": 1.5},
+        trainer={"steps": 2},
+    )
     assert main(["run", str(manifest), "--run-dir", str(tmp_path / "run")]) == 0
     rows = train_rows(tmp_path / "run")
     kind = "rejected" if mode.endswith("mask") else "truncated"
     for row in rows:
-        assert row[f"rollout_corr/{kind}_fraction"] == pytest.approx(0.0, abs=1e-9)  # fp32 on CPU: no gap to correct
+        assert row[f"rollout_corr/{kind}_fraction"] == pytest.approx(
+            0.0, abs=1e-9
+        )  # fp32 on CPU: no gap to correct
         assert row["rollout_corr/weight/mean"] == pytest.approx(1.0, abs=1e-3)
         assert row["actor/grad_norm"] > 0
 
@@ -270,8 +309,10 @@ def test_merged_state_equals_peft_merge_without_touching_the_model(tiny_model):
     from rlcore.trainer.precision import cast_parameters
 
     torch.manual_seed(0)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model),
-                           LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model),
+        LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"),
+    )
     for name, param in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.05)
@@ -310,7 +351,10 @@ def test_precision_resolution():
     from rlcore.manifest.schema import ModelTable
     from rlcore.trainer.precision import resolve
 
-    assert resolve(ModelTable(path="m"), "cuda:0").describe() == "float32 master weights and optimizer state, bfloat16 compute"
+    assert (
+        resolve(ModelTable(path="m"), "cuda:0").describe()
+        == "float32 master weights and optimizer state, bfloat16 compute"
+    )
     assert not resolve(ModelTable(path="m"), "cpu").mixed
     assert resolve(ModelTable(path="m", compute_dtype="bfloat16"), "cpu").mixed
     assert resolve(ModelTable(path="m", dtype="bfloat16"), "cuda").compute == "bfloat16"

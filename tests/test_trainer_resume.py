@@ -21,12 +21,18 @@ def _comparable(row: dict) -> dict:
 
 
 def _rlcore(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rlcore", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlcore", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 def _wait_for_checkpoint(proc: subprocess.Popen, run_dir) -> float:
     deadline = time.monotonic() + 600
-    while not (run_dir / "checkpoints" / "latest").exists() and proc.poll() is None and time.monotonic() < deadline:
+    while (
+        not (run_dir / "checkpoints" / "latest").exists()
+        and proc.poll() is None
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.02)
     return time.monotonic()
 
@@ -34,7 +40,8 @@ def _wait_for_checkpoint(proc: subprocess.Popen, run_dir) -> float:
 @pytest.mark.slow
 def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_model):
     manifest = write_run_manifest(
-        tmp_path, tiny_model,
+        tmp_path,
+        tiny_model,
         rollout={"samples_per_prompt": 2, "temperature": 1.0},
         trainer={"steps": 6, "save_every": 1, "lr": 1e-3},
         data={"val": None},
@@ -54,8 +61,10 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_model):
     assert proc.poll() is None, "the run ended before the kill"
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.wait(timeout=60) == -signal.SIGKILL
-    print(f"killed {delay:.2f} s after the first checkpoint (seed {seed}); left:",
-          sorted(p.name for p in (killed / "checkpoints").glob("*")))
+    print(
+        f"killed {delay:.2f} s after the first checkpoint (seed {seed}); left:",
+        sorted(p.name for p in (killed / "checkpoints").glob("*")),
+    )
 
     proc = _rlcore("run", str(manifest), "--run-dir", str(killed), "--resume")
     assert proc.wait(timeout=600) == 0

@@ -20,10 +20,14 @@ def _close(roles) -> None:
 def test_training_roles_have_a_complete_context_and_leave_the_manifest_alone(tmp_path, tiny_model):
     # total_epochs: the steps are counted from the usable prompts, before any factory runs (the
     # console sink, built last, reads them), and [trainer] steps is not rewritten.
-    manifest = load_manifest(write_run_manifest(
-        tmp_path, tiny_model, trainer={"steps": None, "total_epochs": 0.125, "loggers": ["console", "jsonl"]},
-        algorithm={"kl_coef": 0.01},
-    ))
+    manifest = load_manifest(
+        write_run_manifest(
+            tmp_path,
+            tiny_model,
+            trainer={"steps": None, "total_epochs": 0.125, "loggers": ["console", "jsonl"]},
+            algorithm={"kl_coef": 0.01},
+        )
+    )
     roles = build_roles(manifest, "train", run_dir=tmp_path / "run")
     try:
         assert roles.total_steps == 2  # 64 prompts / 4 a step * 0.125
@@ -40,14 +44,21 @@ def test_training_roles_have_a_complete_context_and_leave_the_manifest_alone(tmp
 
 
 def test_eval_roles_build_no_optimizer_critic_reference_training_data_or_sinks(tmp_path, tiny_model):
-    manifest = load_manifest(write_run_manifest(
-        tmp_path, tiny_model, algorithm={"advantage": "gae", "kl_coef": 0.01}, trainer={"loggers": ["jsonl"]},
-    ))
+    manifest = load_manifest(
+        write_run_manifest(
+            tmp_path,
+            tiny_model,
+            algorithm={"advantage": "gae", "kl_coef": 0.01},
+            trainer={"loggers": ["jsonl"]},
+        )
+    )
     roles = build_roles(manifest, "eval")
     try:
         assert roles.actor.optimizer is None and roles.actor.scheduler is None
         assert roles.critic is None and roles.reference is None
-        assert roles.estimator is None and roles.policy_loss is None and not roles.filters and not roles.shapers
+        assert (
+            roles.estimator is None and roles.policy_loss is None and not roles.filters and not roles.shapers
+        )
         assert roles.train_set is None and roles.val_set is None and roles.sinks == ()
         assert roles.total_steps is None and roles.context.total_steps is None
         assert roles.scorer is not None and roles.rollout.agent is not None
@@ -122,11 +133,16 @@ def test_step_inputs_take_this_ranks_share_of_a_round_and_the_steps_sampling(tmp
     roles = build_roles(manifest, "serve")
     try:
         prompts = list(range(10))
-        second_rank = StepInputs(prompts, per_round=4, sampling=roles.sampling, shard=lambda items: items[1::2])
+        second_rank = StepInputs(
+            prompts, per_round=4, sampling=roles.sampling, shard=lambda items: items[1::2]
+        )
         cursor = DataCursor(len(prompts), seed=0, shuffle=False)
         got, params = second_rank(3, cursor)
         assert got == [1, 3]
-        assert params == roles.sampling(train=True, step=3) and params.seed != roles.sampling(train=True, step=4).seed
+        assert (
+            params == roles.sampling(train=True, step=3)
+            and params.seed != roles.sampling(train=True, step=4).seed
+        )
         assert params.n == manifest.core.rollout.samples_per_prompt
         assert second_rank(3, cursor)[0] == [5, 7]  # the cursor moved past the first round
     finally:
@@ -136,5 +152,9 @@ def test_step_inputs_take_this_ranks_share_of_a_round_and_the_steps_sampling(tmp
 def _prompts(roles):
     from rlcore.data import load_prompts
 
-    return load_prompts("synthetic:addition?size=2&seed=0&split=test", role="val", tokenizer=roles.tokenizer,
-                        max_prompt_tokens=128).prompts
+    return load_prompts(
+        "synthetic:addition?size=2&seed=0&split=test",
+        role="val",
+        tokenizer=roles.tokenizer,
+        max_prompt_tokens=128,
+    ).prompts

@@ -46,8 +46,11 @@ class SlowScorer:
         self.clock("score_start", chunk)
         time.sleep(SCORE_S)
         self.clock("score_end", chunk)
-        return [float(t.prompt.ground_truth) for t in trajectories], {
-            "reward/errors": 1.0, "reward/time_s": SCORE_S, "reward/correct": float(chunk)}, [{} for _ in trajectories]
+        return (
+            [float(t.prompt.ground_truth) for t in trajectories],
+            {"reward/errors": 1.0, "reward/time_s": SCORE_S, "reward/correct": float(chunk)},
+            [{} for _ in trajectories],
+        )
 
 
 def _maker(chunks: int, clock: Clock, prompts: int = 6):
@@ -65,8 +68,11 @@ def _maker(chunks: int, clock: Clock, prompts: int = 6):
         seeds.append(params.seed)
         time.sleep(GEN_S)
         clock("gen_end", chunk)
-        return [Trajectory(prompt=p, response_ids=[1], response_mask=[1], rollout_logprobs=[0.0])
-                for p in batch for _ in range(params.n)]
+        return [
+            Trajectory(prompt=p, response_ids=[1], response_mask=[1], rollout_logprobs=[0.0])
+            for p in batch
+            for _ in range(params.n)
+        ]
 
     maker = BatchMaker(SlowScorer(clock), tokenizer=None, inputs=inputs, filling=Filling(score_chunks=chunks))
     return maker, generate, seeds
@@ -93,8 +99,12 @@ def test_each_chunk_is_scored_while_the_next_generates(chunks):
 
 
 def test_merged_metrics_add_counts_and_weigh_means():
-    merged = merge_chunk_metrics([({"reward/timeouts": 1.0, "reward/acc": 1.0, "reward/time_s": 2.0}, 3),
-                             ({"reward/timeouts": 2.0, "reward/acc": 0.0, "reward/time_s": 1.0}, 1)])
+    merged = merge_chunk_metrics(
+        [
+            ({"reward/timeouts": 1.0, "reward/acc": 1.0, "reward/time_s": 2.0}, 3),
+            ({"reward/timeouts": 2.0, "reward/acc": 0.0, "reward/time_s": 1.0}, 1),
+        ]
+    )
     assert merged == {"reward/timeouts": 3.0, "reward/acc": 0.75, "reward/time_s": 3.0}
 
 
@@ -106,5 +116,7 @@ def test_a_run_with_score_chunks_trains_and_logs_the_whole_batch(tmp_path, tiny_
     rows = [r for r in read_metrics(tmp_path / "run") if "actor/pg_loss" in r]
     assert [r["step"] for r in rows] == [1, 2]
     # 4 prompts x 2 samples a step, scored in two chunks, logged as one batch.
-    assert all(r["response_length/mean"] > 0 and r["reward/errors"] == 0 and "reward/answer_found" in r for r in rows)
+    assert all(
+        r["response_length/mean"] > 0 and r["reward/errors"] == 0 and "reward/answer_found" in r for r in rows
+    )
     assert all(r["timing_s/gen"] > 0 and r["timing_s/reward"] >= 0 for r in rows)

@@ -22,8 +22,16 @@ def _model(attention=NAME, dtype=torch.float32):
 
     register()
     torch.manual_seed(0)
-    config = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=128, vocab_size=300, tie_word_embeddings=True, attn_implementation="sdpa")
+    config = Qwen2Config(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=300,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
     model = Qwen2ForCausalLM(config).to(dtype)
     model.set_attn_implementation(attention)
     return model
@@ -35,9 +43,14 @@ def _batch(groups=GROUPS, vocab=300, seed=0):
     for plen, responses in groups:
         prompt = torch.randint(0, vocab, (plen,), generator=g).tolist()
         for r in responses:
-            trajectories.append(Trajectory(prompt=Prompt(token_ids=prompt, messages=[]),
-                                           response_ids=torch.randint(0, vocab, (r,), generator=g).tolist(),
-                                           response_mask=[1] * r, rollout_logprobs=[0.0] * r))
+            trajectories.append(
+                Trajectory(
+                    prompt=Prompt(token_ids=prompt, messages=[]),
+                    response_ids=torch.randint(0, vocab, (r,), generator=g).tolist(),
+                    response_mask=[1] * r,
+                    rollout_logprobs=[0.0] * r,
+                )
+            )
     return build_batch(trajectories, [0.0] * len(trajectories), 1)
 
 
@@ -72,18 +85,22 @@ def test_shared_packing_counts_each_prompt_once_and_keeps_rows():
     assert shared[0].shared is not None and plain[0].shared is None
     # positions continue the prompt's: the first response of the first group starts at 6
     pos = shared[0].position_ids[0].tolist()
-    assert pos[:6 + 5] == list(range(6 + 5))
-    assert pos[6 + 5: 6 + 5 + 9] == list(range(6, 6 + 9))
+    assert pos[: 6 + 5] == list(range(6 + 5))
+    assert pos[6 + 5 : 6 + 5 + 9] == list(range(6, 6 + 9))
 
 
 def test_shared_prompts_match_whole_samples_in_logprobs_entropy_and_gradients():
     model = _model()
     batch = _batch()
     plain, grads_plain = _per_row(model, batch, pack(batch, list(range(batch.size)), 4096))
-    shared, grads_shared = _per_row(model, batch, pack(batch, list(range(batch.size)), 4096, share_prompts=True))
+    shared, grads_shared = _per_row(
+        model, batch, pack(batch, list(range(batch.size)), 4096, share_prompts=True)
+    )
     assert plain.keys() == shared.keys()
     for r in plain:
-        torch.testing.assert_close(shared[r][0], plain[r][0], rtol=1e-5, atol=1e-5, msg=f"log-probs of row {r}")
+        torch.testing.assert_close(
+            shared[r][0], plain[r][0], rtol=1e-5, atol=1e-5, msg=f"log-probs of row {r}"
+        )
         torch.testing.assert_close(shared[r][1], plain[r][1], rtol=1e-5, atol=1e-5, msg=f"entropy of row {r}")
     for name in grads_plain:
         torch.testing.assert_close(grads_shared[name], grads_plain[name], rtol=1e-4, atol=1e-6, msg=name)
@@ -144,7 +161,9 @@ def test_flash_kernel_aligns_a_response_with_the_end_of_its_keys():
         if compiled:
             compile_decoder_layers(model)
         plain, _ = _per_row(model, batch, pack(batch, rows, 4096, "cuda"), with_grads=False)
-        shared, _ = _per_row(model, batch, pack(batch, rows, 4096, "cuda", share_prompts=True), with_grads=False)
+        shared, _ = _per_row(
+            model, batch, pack(batch, rows, 4096, "cuda", share_prompts=True), with_grads=False
+        )
         for r in plain:
             torch.testing.assert_close(shared[r][0], plain[r][0], rtol=0.05, atol=0.05, msg=f"row {r}")
             assert (shared[r][0] - plain[r][0]).abs().mean() < 0.01, r
@@ -152,12 +171,18 @@ def test_flash_kernel_aligns_a_response_with_the_end_of_its_keys():
 
 RUNS = {
     # a critic (which packs samples whole) and a KL reference (a frozen copy, which shares like the actor)
-    "gae-critic-kl": ({"algorithm": {"advantage": "gae", "kl_coef": 0.01, "kl_estimator": "k3"}},
-                      ("actor/kl_loss", "critic/vf_loss", "critic/values/mean")),
+    "gae-critic-kl": (
+        {"algorithm": {"advantage": "gae", "kl_coef": 0.01, "kl_estimator": "k3"}},
+        ("actor/kl_loss", "critic/vf_loss", "critic/values/mean"),
+    ),
     # LoRA adapters (the reference is the base with adapters off) under gradient checkpointing
-    "lora-checkpointed-kl": ({"model": {"lora": {"rank": 4, "alpha": 8}, "gradient_checkpointing": True},
-                              "algorithm": {"advantage": "grpo", "kl_coef": 0.01, "kl_estimator": "k3"}},
-                             ("actor/kl_loss",)),
+    "lora-checkpointed-kl": (
+        {
+            "model": {"lora": {"rank": 4, "alpha": 8}, "gradient_checkpointing": True},
+            "algorithm": {"advantage": "grpo", "kl_coef": 0.01, "kl_estimator": "k3"},
+        },
+        ("actor/kl_loss",),
+    ),
 }
 
 
@@ -175,24 +200,34 @@ def test_a_run_sharing_prompts_makes_the_same_first_update(tmp_path, tiny_model,
     for setting in (False, True):
         (tmp_path / str(setting)).mkdir()
         model = {**tables.get("model", {}), "share_prompts": setting, "attn_implementation": NAME}
-        manifest = write_run_manifest(tmp_path / str(setting), tiny_model, model=model,
-                                      rollout={"samples_per_prompt": 4}, algorithm=tables["algorithm"],
-                                      trainer={"steps": 1})
+        manifest = write_run_manifest(
+            tmp_path / str(setting),
+            tiny_model,
+            model=model,
+            rollout={"samples_per_prompt": 4},
+            algorithm=tables["algorithm"],
+            trainer={"steps": 1},
+        )
         assert main(["run", str(manifest), "--run-dir", str(tmp_path / str(setting) / "run")]) == 0
         rows[setting] = train_rows(tmp_path / str(setting) / "run")[0]
     assert rows[True]["response_length/mean"] == rows[False]["response_length/mean"]
     assert rows[True]["critic/score/mean"] == rows[False]["critic/score/mean"]
     for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", *extra_keys):
-        assert math.isclose(rows[True][key], rows[False][key], rel_tol=1e-4, abs_tol=1e-6), (key, rows[True][key],
-                                                                                           rows[False][key])
+        assert math.isclose(rows[True][key], rows[False][key], rel_tol=1e-4, abs_tol=1e-6), (
+            key,
+            rows[True][key],
+            rows[False][key],
+        )
 
 
 def test_share_prompts_true_refuses_another_attention_at_its_key(tmp_path):
     from rlcore.testing.runs import run_cli
 
     manifest = tmp_path / "m.toml"
-    manifest.write_text('[model]\npath = "x"\nshare_prompts = true\nattn_implementation = "sdpa"\n'
-                        '[data]\ntrain = "synthetic:addition?size=8"\n[reward]\nfunction = "gsm8k"\n')
+    manifest.write_text(
+        '[model]\npath = "x"\nshare_prompts = true\nattn_implementation = "sdpa"\n'
+        '[data]\ntrain = "synthetic:addition?size=8"\n[reward]\nfunction = "gsm8k"\n'
+    )
     proc = run_cli("validate", str(manifest))
     assert proc.returncode == 2
     assert "model" in proc.stdout + proc.stderr and "rlcore_varlen" in proc.stdout + proc.stderr

@@ -39,7 +39,9 @@ def _engine_process(tmp_path, tiny_model, transport: str = "shared", bucket_mb: 
 
     manifest = load_manifest(write_run_manifest(tmp_path, tiny_model))
     selected = manifest.component("rollout.engine")
-    context = BuildContext.from_manifest(manifest, device="cpu", concurrent=True, tokenizer=load_tokenizer(manifest.core.model))
+    context = BuildContext.from_manifest(
+        manifest, device="cpu", concurrent=True, tokenizer=load_tokenizer(manifest.core.model)
+    )
     if model_path is not None:
         context.model_path = str(model_path)
     return EngineProcess(selected.component, selected.options, context, "cpu", transport, bucket_mb)
@@ -69,7 +71,9 @@ def test_a_split_engine_passes_the_engine_conformance_kit(tmp_path, tiny_model):
     try:
         model = _model(tiny_model)
         tokenizer = load_tokenizer(load_manifest(write_run_manifest(tmp_path, tiny_model)).core.model)
-        results = check_rollout_engine(engine, vocab_size=model.config.vocab_size, tokenizer=tokenizer, reference_model=model)
+        results = check_rollout_engine(
+            engine, vocab_size=model.config.vocab_size, tokenizer=tokenizer, reference_model=model
+        )
         assert all(v == "passed" or v.startswith("skipped: ") for v in results.values()), results
         assert results["update_weights_identity"] == results["reference_logprobs"] == "passed"
     finally:
@@ -106,7 +110,11 @@ def test_weights_arrive_exactly_in_buckets_smaller_than_a_tensor(tmp_path, tiny_
             for p in rounded.parameters():
                 p.copy_(p.to(torch.bfloat16).float())
         for prompt, (completion,) in zip(PROMPTS, engine.generate(PROMPTS, params)):
-            assert torch.allclose(torch.tensor(completion.logprobs), _teacher_forced(rounded, prompt, completion.token_ids), atol=1e-5)
+            assert torch.allclose(
+                torch.tensor(completion.logprobs),
+                _teacher_forced(rounded, prompt, completion.token_ids),
+                atol=1e-5,
+            )
     finally:
         engine.close()
 
@@ -155,9 +163,14 @@ def test_an_engine_that_cannot_start_says_why(tmp_path, tiny_model):
 def _dense_run(tmp_path, tiny_model, name: str, **rollout):
     directory = tmp_path / name
     directory.mkdir()
-    shutil.copy(FIXTURES / "dense_rewards.py", directory / "dense_rewards.py")  # a reward that varies: weights move
+    shutil.copy(
+        FIXTURES / "dense_rewards.py", directory / "dense_rewards.py"
+    )  # a reward that varies: weights move
     return write_run_manifest(
-        directory, tiny_model, rollout=rollout, trainer={"steps": 3, "lr": 5e-3, "save_every": 1},
+        directory,
+        tiny_model,
+        rollout=rollout,
+        trainer={"steps": 3, "lr": 5e-3, "save_every": 1},
         reward={"function": "python:dense_rewards.py:upper", "method": None},
     )
 
@@ -172,11 +185,15 @@ def test_split_runs_reproduce_the_colocated_run(tmp_path, tiny_model):
     expected = read_metrics(tmp_path / "colocated" / "run")
     assert max(r["actor/grad_norm"] for r in expected if "actor/grad_norm" in r) > 0  # the weights moved
     for transport in ("shared", "gloo"):
-        manifest = _dense_run(tmp_path, tiny_model, transport, placement="split", weight_transport=transport, weight_bucket_mb=1)
+        manifest = _dense_run(
+            tmp_path, tiny_model, transport, placement="split", weight_transport=transport, weight_bucket_mb=1
+        )
         assert main(["run", str(manifest), "--run-dir", str(tmp_path / transport / "run")]) == 0
         got = read_metrics(tmp_path / transport / "run")
         assert _untimed(got) == _untimed(expected), transport
-        assert all(r["rollout_corr/logprob_diff/max"] < 1e-4 for r in got if "rollout_corr/logprob_diff/max" in r)
+        assert all(
+            r["rollout_corr/logprob_diff/max"] < 1e-4 for r in got if "rollout_corr/logprob_diff/max" in r
+        )
         assert all(r["timing_s/update_weights"] > 0 for r in got if "actor/pg_loss" in r)
 
 
@@ -188,7 +205,9 @@ def test_one_step_off_policy_with_a_split_engine_stays_in_bound_and_resumes(tmp_
     rows = [r for r in read_metrics(run_dir) if "actor/pg_loss" in r]
     assert [r["rollout/staleness/max"] for r in rows] == [0, 1, 1]
     assert all("rollout_corr/ratio/mean" in r and 0 <= r["async/engine_busy_fraction"] <= 1 for r in rows)
-    assert main(["run", str(manifest), "--run-dir", str(run_dir), "--resume", "--set", "trainer.steps=5"]) == 0
+    assert (
+        main(["run", str(manifest), "--run-dir", str(run_dir), "--resume", "--set", "trainer.steps=5"]) == 0
+    )
     rows = [r for r in read_metrics(run_dir) if "actor/pg_loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert [r["rollout/staleness/max"] for r in rows[3:]] == [1, 1]  # the saved in-flight batch first
@@ -204,13 +223,22 @@ def test_weights_reach_an_engine_process_on_the_gpu_through_cuda_ipc(tmp_path):
     from rlcore.registry import Registry
     from rlcore.trainer.engine_process import EngineProcess
 
-    config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=8192, max_position_embeddings=256)
+    config = LlamaConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=8192,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
     model.save_pretrained(tmp_path / "model")
     component = Registry.discover().get("rollout_engine", "hf")
-    context = BuildContext(model_path=str(tmp_path / "model"), device="cuda:0", dtype="float32", concurrent=True)
+    context = BuildContext(
+        model_path=str(tmp_path / "model"), device="cuda:0", dtype="float32", concurrent=True
+    )
     engine = EngineProcess(component, component.options(), context, "cuda:0", "shared", bucket_mb=1)
     try:
         with torch.no_grad():
@@ -233,7 +261,9 @@ def test_each_rank_gets_its_engine_device(tmp_path, tiny_model):
     from rlcore.trainer.startup_checks import engine_device
 
     def device_for(wanted, world=1, local_rank=0, device="cuda:0"):
-        manifest = load_manifest(write_run_manifest(tmp_path, tiny_model, rollout={"placement": "split", "engine_device": wanted}))
+        manifest = load_manifest(
+            write_run_manifest(tmp_path, tiny_model, rollout={"placement": "split", "engine_device": wanted})
+        )
         return engine_device(manifest, SimpleNamespace(world=world, local_rank=local_rank), device)
 
     assert device_for(None, world=2, local_rank=1, device="cuda:1") == "cuda:1"  # the rank's own

@@ -29,7 +29,12 @@ def test_total_epochs_trains_that_many_passes(tmp_path, tiny_model):
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text() == "step_000002"
 
 
-PPO = dict(algorithm={"advantage": "gae"}, rollout={"samples_per_prompt": 1}, trainer={"steps": 1}, data={"val": None})
+PPO = dict(
+    algorithm={"advantage": "gae"},
+    rollout={"samples_per_prompt": 1},
+    trainer={"steps": 1},
+    data={"val": None},
+)
 
 
 @pytest.mark.slow
@@ -39,7 +44,9 @@ def test_a_critic_of_its_own_starts_from_its_own_weights(tmp_path, tiny_model):
     make_tiny_model(tmp_path / "critic-model", seed=7, hidden=32, heads=2, kv_heads=1)
     shared = write_run_manifest(tmp_path, tiny_model, **PPO)
     assert main(["run", str(shared), "--run-dir", str(tmp_path / "shared")]) == 0
-    own = write_run_manifest(tmp_path, tiny_model, critic={"path": "critic-model"}, **PPO)  # relative to the manifest
+    own = write_run_manifest(
+        tmp_path, tiny_model, critic={"path": "critic-model"}, **PPO
+    )  # relative to the manifest
     assert main(["run", str(own), "--run-dir", str(tmp_path / "own")]) == 0
     values = [read_metrics(tmp_path / run)[-1]["critic/values/mean"] for run in ("shared", "own")]
     assert values[0] != values[1]  # another backbone (another width, other weights) gave other values
@@ -51,8 +58,16 @@ def test_a_critic_with_a_smaller_vocabulary_is_refused(tmp_path, tiny_model, cap
     from transformers import LlamaConfig, LlamaForCausalLM
 
     small = tmp_path / "small-vocab"
-    LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(small)
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=100,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    ).save_pretrained(small)
     manifest = write_run_manifest(tmp_path, tiny_model, critic={"path": str(small)}, **PPO)
     assert main(["run", str(manifest), "--run-dir", str(tmp_path / "run")]) == 2
     shown = "".join(capsys.readouterr())

@@ -15,8 +15,9 @@ from rlcore.testing.runs import train_rows, write_run_manifest
 
 
 def _start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rlcore", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlcore", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _wait_for_rows(proc: subprocess.Popen, run_dir, count: int) -> None:
@@ -32,7 +33,9 @@ def _wait_for_rows(proc: subprocess.Popen, run_dir, count: int) -> None:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
 def test_a_signal_checkpoints_the_step_and_resume_continues(tmp_path, tiny_model, signum):
     # save_every = 0: without the signal there would be no checkpoint before the last step.
-    manifest = write_run_manifest(tmp_path, tiny_model, trainer={"steps": 200, "save_every": 0}, data={"val": None})
+    manifest = write_run_manifest(
+        tmp_path, tiny_model, trainer={"steps": 200, "save_every": 0}, data={"val": None}
+    )
     run_dir = tmp_path / "run"
     proc = _start("run", str(manifest), "--run-dir", str(run_dir))
     _wait_for_rows(proc, run_dir, 1)

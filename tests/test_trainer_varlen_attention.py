@@ -20,8 +20,16 @@ def _models(device="cpu", dtype=torch.float32):
 
     register()
     torch.manual_seed(0)
-    config = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=128, vocab_size=300, tie_word_embeddings=True, attn_implementation="sdpa")
+    config = Qwen2Config(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=300,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
     sdpa = Qwen2ForCausalLM(config).to(device=device, dtype=dtype)
     varlen = copy.deepcopy(sdpa)
     varlen.set_attn_implementation(NAME)
@@ -31,9 +39,12 @@ def _models(device="cpu", dtype=torch.float32):
 def _batch(vocab=300, seed=0):
     g = torch.Generator().manual_seed(seed)
     trajectories = [
-        Trajectory(prompt=Prompt(token_ids=torch.randint(0, vocab, (p,), generator=g).tolist(), messages=[]),
-                   response_ids=torch.randint(0, vocab, (r,), generator=g).tolist(), response_mask=[1] * r,
-                   rollout_logprobs=[0.0] * r)
+        Trajectory(
+            prompt=Prompt(token_ids=torch.randint(0, vocab, (p,), generator=g).tolist(), messages=[]),
+            response_ids=torch.randint(0, vocab, (r,), generator=g).tolist(),
+            response_mask=[1] * r,
+            rollout_logprobs=[0.0] * r,
+        )
         for p, r in SHAPES
     ]
     return build_batch(trajectories, [0.0] * len(trajectories), 1)
@@ -111,7 +122,9 @@ def test_cuda_varlen_matches_sdpa(dtype):
     torch.testing.assert_close(ent_b, ent_a, rtol=tolerance, atol=tolerance)
     for name in grads_a:
         if dtype == torch.bfloat16:
-            cos = torch.nn.functional.cosine_similarity(grads_a[name].float().flatten(), grads_b[name].float().flatten(), dim=0)
+            cos = torch.nn.functional.cosine_similarity(
+                grads_a[name].float().flatten(), grads_b[name].float().flatten(), dim=0
+            )
             assert cos > 0.99, (name, float(cos))
         else:
             torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-3, atol=1e-5, msg=name)
@@ -133,7 +146,10 @@ def test_padded_kernel_matches_one_call_per_sequence():
     k = torch.randn(total, 2, 8, requires_grad=True)
     v = torch.randn(total, 2, 8, requires_grad=True)
     outs, grads = [], []
-    for run in (lambda: _padded(q, k, v, cu, cu_list, max(lengths), 0.3), lambda: _per_sequence(q, k, v, cu_list, 0.3)):
+    for run in (
+        lambda: _padded(q, k, v, cu, cu_list, max(lengths), 0.3),
+        lambda: _per_sequence(q, k, v, cu_list, 0.3),
+    ):
         out = run()
         weights = torch.arange(out.numel(), dtype=out.dtype).reshape(out.shape).sin()
         grads.append(torch.autograd.grad((out * weights).sum(), (q, k, v)))

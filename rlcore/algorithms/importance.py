@@ -15,7 +15,6 @@ import torch
 
 from rlcore.algorithms.masked import as_bool_mask, masked_fill_zero
 
-
 # The corrections ``[algorithm] rollout_correction`` offers beside "none".
 CORRECTIONS: tuple[str, ...] = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
@@ -62,7 +61,9 @@ def correction_weights(
     return weights.to(old_logprobs.dtype), stats
 
 
-def mismatch_sums(trainer_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+def mismatch_sums(
+    trainer_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """Sums, maxima and minima (0-dim tensors on the inputs' device) that :func:`mismatch_metrics`
     turns into the gap between the engine's and the trainer's log-probs of the sampled tokens.
     Sums of several micro-batches add up with :func:`merge_mismatch`."""
@@ -70,8 +71,15 @@ def mismatch_sums(trainer_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor
     diff = (trainer_logprobs.detach() - rollout_logprobs.detach()).float()[m]
     if diff.numel() == 0:
         zero = torch.zeros((), device=diff.device)
-        return {"count": zero, "abs_sum": zero, "abs_max": zero, "ratio_sum": zero, "ratio_min": zero + math.inf,
-                "ratio_max": zero - math.inf, "kl_sum": zero}
+        return {
+            "count": zero,
+            "abs_sum": zero,
+            "abs_max": zero,
+            "ratio_sum": zero,
+            "ratio_min": zero + math.inf,
+            "ratio_max": zero - math.inf,
+            "kl_sum": zero,
+        }
     ratio = diff.clamp(max=20.0).exp()
     return {
         "count": torch.tensor(float(diff.numel()), device=diff.device),

@@ -12,7 +12,7 @@ advantage token whose ratio has grown large (Ye et al., 2020). The loss is 0 out
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -62,7 +62,9 @@ def ppo_clip_loss(
     return loss, metrics
 
 
-def build_ppo_clip(options, context=None) -> Callable[[PolicyLossInput], tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+def build_ppo_clip(
+    options, context=None
+) -> Callable[[PolicyLossInput], tuple[torch.Tensor, dict[str, torch.Tensor]]]:
     """Factory of the builtin ``ppo_clip`` (options: :class:`rlcore.builtin.options.PPOClipOptions`)."""
     low, high, c = options.clip_ratio_low, options.clip_ratio_high, options.clip_ratio_c
 

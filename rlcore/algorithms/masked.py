@@ -12,7 +12,12 @@ from typing import Literal
 import torch
 
 AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AGG_MODES: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
 
 
 def as_bool_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -50,7 +55,9 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) 
     return torch.where(denom > 0, sq / denom.clamp(min=1), torch.zeros_like(sq))
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(
+    values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
     """``(x - mean) / sqrt(var + eps)`` over the masked positions, 0 outside the mask.
 
     With ``shift_mean=False`` the mean is added back (only the scale changes).

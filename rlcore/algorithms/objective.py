@@ -38,10 +38,12 @@ class ObjectiveOptions:
 
     def __post_init__(self) -> None:
         if self.loss_agg_mode not in AGG_MODES:
-            raise ValueError(f"unknown loss aggregation mode {self.loss_agg_mode!r}; expected one of {', '.join(AGG_MODES)}")
+            raise ValueError(
+                f"unknown loss aggregation mode {self.loss_agg_mode!r}; expected one of {', '.join(AGG_MODES)}"
+            )
 
     @classmethod
-    def from_algorithm(cls, algo: Any, policy_loss: PolicyLoss | None = None) -> "ObjectiveOptions":
+    def from_algorithm(cls, algo: Any, policy_loss: PolicyLoss | None = None) -> ObjectiveOptions:
         """From an ``[algorithm]`` table. A policy loss that is defined with its own aggregation
         (its ``loss_agg_mode`` attribute, as GSPO's is) takes it over the table's; the KL loss term
         is left out when the KL goes into the reward instead (``kl_in_reward``)."""
@@ -109,8 +111,12 @@ def policy_objective(
     if options.rollout_correction != "none":
         lower = options.rollout_is_threshold_lower or 1.0 / options.rollout_is_threshold
         correction, correction_stats = correction_weights(
-            batch.old_logprobs, batch.rollout_logprobs, mask, options.rollout_correction,
-            options.rollout_is_threshold, lower,
+            batch.old_logprobs,
+            batch.rollout_logprobs,
+            mask,
+            options.rollout_correction,
+            options.rollout_is_threshold,
+            lower,
         )
         pg = pg * correction
         for key, value in correction_stats.items():

@@ -24,7 +24,9 @@ def check_advantage_input(batch: AdvantageInput, needs_values: bool = False) -> 
         raise ValueError(f"response_mask must be [B, T], got shape {tuple(mask.shape)}")
     b = mask.shape[0]
     if tuple(batch.token_rewards.shape) != tuple(mask.shape):
-        raise ValueError(f"token_rewards has shape {tuple(batch.token_rewards.shape)}, response_mask {tuple(mask.shape)}")
+        raise ValueError(
+            f"token_rewards has shape {tuple(batch.token_rewards.shape)}, response_mask {tuple(mask.shape)}"
+        )
     if tuple(batch.scores.shape) != (b,):
         raise ValueError(f"scores must be [B] = [{b}], got shape {tuple(batch.scores.shape)}")
     if tuple(batch.group_ids.shape) != (b,):
@@ -33,10 +35,14 @@ def check_advantage_input(batch: AdvantageInput, needs_values: bool = False) -> 
         if batch.values is None:
             raise ValueError("this advantage estimator needs critic values (AdvantageInput.values), got None")
         if tuple(batch.values.shape) != tuple(mask.shape):
-            raise ValueError(f"values has shape {tuple(batch.values.shape)}, response_mask {tuple(mask.shape)}")
+            raise ValueError(
+                f"values has shape {tuple(batch.values.shape)}, response_mask {tuple(mask.shape)}"
+            )
 
 
-def group_stats(scores: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def group_stats(
+    scores: torch.Tensor, group_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For each sample: its group's mean, unbiased standard deviation and size, each [B].
 
     Computed in float64 so that a group of equal scores has exactly zero spread. The standard
@@ -45,7 +51,9 @@ def group_stats(scores: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Te
     x = scores.detach().to(torch.float64)
     _, inverse = torch.unique(group_ids, return_inverse=True)
     n_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
-    count = torch.zeros(n_groups, dtype=torch.float64, device=x.device).index_add_(0, inverse, torch.ones_like(x))
+    count = torch.zeros(n_groups, dtype=torch.float64, device=x.device).index_add_(
+        0, inverse, torch.ones_like(x)
+    )
     total = torch.zeros(n_groups, dtype=torch.float64, device=x.device).index_add_(0, inverse, x)
     mean = (total / count)[inverse]
     sq = torch.zeros(n_groups, dtype=torch.float64, device=x.device).index_add_(0, inverse, (x - mean) ** 2)
@@ -80,7 +88,9 @@ def discounted_returns(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: f
     return out
 
 
-def broadcast_over_tokens(per_sample: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+def broadcast_over_tokens(
+    per_sample: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """A [B] value copied onto every model token of its row, [B, T], 0 elsewhere."""
     m = as_bool_mask(mask)
     values = per_sample.to(dtype or torch.float32).unsqueeze(-1).expand(m.shape)

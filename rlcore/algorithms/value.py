@@ -84,7 +84,7 @@ class CriticModel(nn.Module):
         gguf_file: str | None = None,
         torch_dtype: torch.dtype | str | None = None,
         **kwargs: Any,
-    ) -> "CriticModel":
+    ) -> CriticModel:
         """Load the backbone like the actor (a directory or hub id, optionally a GGUF file in it).
 
         The causal LM is loaded and its LM head dropped, so every architecture (and GGUF
@@ -102,7 +102,7 @@ class CriticModel(nn.Module):
         return cls(_backbone_of(lm))
 
     @classmethod
-    def from_config(cls, config: Any, **kwargs: Any) -> "CriticModel":
+    def from_config(cls, config: Any, **kwargs: Any) -> CriticModel:
         """A randomly initialised critic of the given (causal LM or base) config, for tests."""
         from transformers import AutoModel
 

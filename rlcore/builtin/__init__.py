@@ -29,8 +29,15 @@ def rlcore_launchers():
 @hookimpl
 def rlcore_metrics_sinks():
     return [
-        Component("console", "rlcore.builtin.loggers:console", ConsoleOptions, "a live rich view with a progress bar"),
-        Component("jsonl", "rlcore.builtin.loggers:jsonl", JsonlOptions, "one JSON object per step in metrics.jsonl"),
+        Component(
+            "console",
+            "rlcore.builtin.loggers:console",
+            ConsoleOptions,
+            "a live rich view with a progress bar",
+        ),
+        Component(
+            "jsonl", "rlcore.builtin.loggers:jsonl", JsonlOptions, "one JSON object per step in metrics.jsonl"
+        ),
     ]
 
 

@@ -83,11 +83,17 @@ class ConsoleSink:
 
         # The step count and the time left first, so a narrow terminal cuts the bar, not them.
         self.progress = Progress(
-            TextColumn("{task.description}"), _CountColumn(), _TimeColumn(), BarColumn(bar_width=None),
-            console=self.console, transient=False, expand=False,
+            TextColumn("{task.description}"),
+            _CountColumn(),
+            _TimeColumn(),
+            BarColumn(bar_width=None),
+            console=self.console,
+            transient=False,
+            expand=False,
         )
-        self.task = self.progress.add_task("[bold]training", total=self.total, completed=self.last_step,
-                                           start_step=self.last_step)
+        self.task = self.progress.add_task(
+            "[bold]training", total=self.total, completed=self.last_step, start_step=self.last_step
+        )
         self.phase_task = self.progress.add_task("", total=None, visible=False, phase=True)
         self.progress.start()
 
@@ -103,14 +109,21 @@ class ConsoleSink:
         if self._shown is not phase:  # a new phase: its own clock
             self._shown = phase
             self.progress.reset(self.phase_task, total=phase.total, visible=True)
-        self.progress.update(self.phase_task, description=f"  {progress.describe()}", total=phase.total,
-                             completed=phase.done, visible=True)
+        self.progress.update(
+            self.phase_task,
+            description=f"  {progress.describe()}",
+            total=phase.total,
+            completed=phase.done,
+            visible=True,
+        )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.rows.append({"step": step, **metrics})
         if "val/reward/mean" in metrics:
             self.val_curve.append((step, metrics["val/reward/mean"]))
-            line = f"validation step {step}: " + _format({k: v for k, v in metrics.items() if k.startswith("val/")})
+            line = f"validation step {step}: " + _format(
+                {k: v for k, v in metrics.items() if k.startswith("val/")}
+            )
             self.console.print(line.replace("validation", "[cyan]validation[/]", 1))
             self._to_log(line)
             return
@@ -141,7 +154,11 @@ class ConsoleSink:
 
         phases = progress.stack()
         if not phases:
-            return f"step {self.last_step + 1}" + (f"/{self.total}" if self.total else "") + f", {silent_s:.0f} s since the last line"
+            return (
+                f"step {self.last_step + 1}"
+                + (f"/{self.total}" if self.total else "")
+                + f", {silent_s:.0f} s since the last line"
+            )
         text = f"{progress.describe()}, {phases[-1].elapsed:.0f} s"
         if all(p.within_step for p in phases):
             text = f"step {self.last_step + 1}" + (f"/{self.total}" if self.total else "") + f": {text}"
@@ -169,7 +186,6 @@ class ConsoleSink:
         if self.log_file is not None:
             self.log_file.close()
             self.log_file = None
-
 
     def _write_curves(self) -> None:
         """curves.png from the run's metrics.jsonl (all of a resumed run), else from what this sink saw."""
@@ -212,7 +228,9 @@ class _Heartbeat:
     def _run(self) -> None:
         from datetime import datetime
 
-        while not self._stop.wait(min(self.interval, max(0.05, self.interval - (self._time() - self.last_beat)))):
+        while not self._stop.wait(
+            min(self.interval, max(0.05, self.interval - (self._time() - self.last_beat)))
+        ):
             now = self._time()
             if now - self.last_beat < self.interval:
                 continue
@@ -255,7 +273,9 @@ def _rich_columns():
             done = task.completed - task.fields.get("start_step", 0)
             if done <= 0 or task.total is None:
                 return Text("-:--:-- left", style="progress.remaining")
-            return Text(f"{_clock(elapsed / done * (task.total - task.completed))} left", style="progress.remaining")
+            return Text(
+                f"{_clock(elapsed / done * (task.total - task.completed))} left", style="progress.remaining"
+            )
 
     return CountColumn, TimeColumn
 
@@ -300,7 +320,9 @@ class JsonlSink:
         self.samples = None  # generations.jsonl, opened on the first samples
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        clean = {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()
+        }
         self.file.write(json.dumps({"step": step, **clean}) + "\n")
         self.file.flush()
 
@@ -341,4 +363,3 @@ def console(options, context):
 
 def jsonl(options, context):
     return JsonlSink(options, context)
-

@@ -9,7 +9,8 @@ built from a file pickles as its target and is loaded again there.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rlcore.errors import RlcoreError
 from rlcore.interfaces import RewardInput
@@ -22,7 +23,9 @@ def load_python_function(target: str) -> tuple[Callable[..., Any], str]:
     if _is_batched(fn):
         return fn, origin
     if not callable(fn):
-        raise RlcoreError(f"{origin}: {target.rpartition(':')[2]!r} is not a function but a {type(fn).__name__} value")
+        raise RlcoreError(
+            f"{origin}: {target.rpartition(':')[2]!r} is not a function but a {type(fn).__name__} value"
+        )
     return fn, origin
 
 
@@ -64,7 +67,7 @@ class PythonReward:
 
 
 def _detect_style(fn: Callable[..., Any], origin: str) -> str:
-    """"item" for fn(item); "verl3", "verl4" or "verl_kw" (how extra_info is passed) for verl's form."""
+    """ "item" for fn(item); "verl3", "verl4" or "verl_kw" (how extra_info is passed) for verl's form."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rlcore.errors import RlcoreError
 from rlcore.interfaces import Prompt, RolloutEngine, SamplingParams, Trajectory
@@ -11,16 +12,22 @@ from rlcore.interfaces import Prompt, RolloutEngine, SamplingParams, Trajectory
 class SingleTurnLoop:
     """Every token of a single-turn response is model-generated, so the mask is all ones."""
 
-    def run(self, prompts: Sequence[Prompt], engine: RolloutEngine, params: SamplingParams) -> list[Trajectory]:
+    def run(
+        self, prompts: Sequence[Prompt], engine: RolloutEngine, params: SamplingParams
+    ) -> list[Trajectory]:
         if not prompts:
             return []
         outputs = engine.generate([list(p.token_ids) for p in prompts], params)
         if len(outputs) != len(prompts):
-            raise RlcoreError(f"the rollout engine returned {len(outputs)} results for {len(prompts)} prompts")
+            raise RlcoreError(
+                f"the rollout engine returned {len(outputs)} results for {len(prompts)} prompts"
+            )
         trajectories: list[Trajectory] = []
         for prompt, completions in zip(prompts, outputs):
             if len(completions) != params.n:
-                raise RlcoreError(f"the rollout engine returned {len(completions)} completions, expected n={params.n}")
+                raise RlcoreError(
+                    f"the rollout engine returned {len(completions)} completions, expected n={params.n}"
+                )
             for c in completions:
                 ids = list(c.token_ids)
                 if len(c.logprobs) != len(ids):

@@ -84,7 +84,7 @@ class ServerPool:
         self.down: dict[str, str] = {}  # url -> why it was marked down
 
     @classmethod
-    def from_options(cls, options: Any, *, engine: str, **extra: Any) -> "ServerPool":
+    def from_options(cls, options: Any, *, engine: str, **extra: Any) -> ServerPool:
         """A pool from an engine's server options (``servers``, ``request_timeout_s``,
         ``connect_timeout_s``, ``max_retries``, ``max_concurrency``, ``api_key``), which every
         server-mode engine names alike."""
@@ -111,7 +111,9 @@ class ServerPool:
             kind = RejectedError if exc.response.status_code < 500 else ServerError
             raise kind(f"{self.engine} server {url} {method} {path}: {describe_http_error(exc)}") from None
         except httpx.HTTPError as exc:
-            raise ServerError(f"{self.engine} server {url} {method} {path}: {describe_http_error(exc)}") from None
+            raise ServerError(
+                f"{self.engine} server {url} {method} {path}: {describe_http_error(exc)}"
+            ) from None
 
     def check_health(self) -> None:
         """Every server must answer the health path; the error lists each one that does not."""
@@ -143,7 +145,9 @@ class ServerPool:
             down = "; ".join(f"{u}: {w}" for u, w in self.down.items())
             raise ServerError(f"{what} failed: every {self.engine} server is down: {down}")
         if len(live) < len(self.urls):
-            logger.warning("{}: skipping {} servers marked down: {}", what, self.engine, ", ".join(sorted(self.down)))
+            logger.warning(
+                "{}: skipping {} servers marked down: {}", what, self.engine, ", ".join(sorted(self.down))
+            )
         out = []
         for url in live:
             try:

@@ -21,12 +21,12 @@ if TYPE_CHECKING:  # pragma: no cover
 NamedTensors = Iterable[tuple[str, "torch.Tensor"]] | Mapping[str, "torch.Tensor"]
 
 
-def pairs(named_tensors: NamedTensors) -> Iterator[tuple[str, "torch.Tensor"]]:
+def pairs(named_tensors: NamedTensors) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` pairs from a mapping or an iterable of pairs."""
     return iter(named_tensors.items()) if isinstance(named_tensors, Mapping) else iter(named_tensors)
 
 
-def buckets(named_tensors: NamedTensors, max_bytes: int) -> Iterator[list[tuple[str, "torch.Tensor"]]]:
+def buckets(named_tensors: NamedTensors, max_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Consecutive groups of at most ``max_bytes`` (a larger tensor travels alone), so a full
     update never holds more than one bucket of extra copies."""
     bucket: list[tuple[str, Any]] = []
@@ -51,7 +51,9 @@ def fresh_dir(directory: str | Path) -> Path:
     return out
 
 
-def write_shards(named_tensors: NamedTensors, directory: str | Path, max_bytes: int, *, index: bool = True) -> list[Path]:
+def write_shards(
+    named_tensors: NamedTensors, directory: str | Path, max_bytes: int, *, index: bool = True
+) -> list[Path]:
     """A Hugging Face style checkpoint in a fresh ``directory``: one safetensors shard per bucket
     and, with ``index``, ``model.safetensors.index.json`` (which some loaders read)."""
     from safetensors.torch import save_file
@@ -123,7 +125,9 @@ def write_adapter(named_tensors: NamedTensors, lora: Any, directory: str | Path)
         raise UsageError("update_weights(lora=...) received no adapter tensors")
     stray = [name for name in tensors if "lora_" not in name]
     if stray:
-        raise UsageError(f"update_weights(lora=...) expects only LoRA adapter tensors (PEFT names), got e.g. {stray[0]!r}")
+        raise UsageError(
+            f"update_weights(lora=...) expects only LoRA adapter tensors (PEFT names), got e.g. {stray[0]!r}"
+        )
     config = adapter_config(lora)
     out = fresh_dir(directory)
     save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})

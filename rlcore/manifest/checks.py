@@ -25,16 +25,22 @@ def check_resolved(manifest: ResolvedManifest) -> list[str]:
     for role, chosen in manifest.selected.items():  # a component comparing the samples of one prompt
         if "groups" in chosen.component.needs and core.rollout.samples_per_prompt < 2:
             what = f"{chosen.component.kind.replace('_', ' ')} {chosen.component.name!r}"
-            then = "every advantage would be zero" if chosen.component.kind == "advantage_estimator" else \
-                f"it has nothing to compare ([{role}])"
+            then = (
+                "every advantage would be zero"
+                if chosen.component.kind == "advantage_estimator"
+                else f"it has nothing to compare ([{role}])"
+            )
             problem(
                 "rollout.samples_per_prompt",
                 f"{what} compares samples of one prompt, so with samples_per_prompt = "
                 f"{core.rollout.samples_per_prompt} {then}; use 2 or more",
             )
     d = core.data
-    if d.gen_batch_size and d.gen_batch_size != d.prompts_per_step and \
-            not any(role.startswith("filters.") for role in manifest.selected):
+    if (
+        d.gen_batch_size
+        and d.gen_batch_size != d.prompts_per_step
+        and not any(role.startswith("filters.") for role in manifest.selected)
+    ):
         problem(
             "data.gen_batch_size",
             f"gen_batch_size = {d.gen_batch_size} differs from prompts_per_step = {d.prompts_per_step}, and with no "
@@ -46,7 +52,7 @@ def check_resolved(manifest: ResolvedManifest) -> list[str]:
             f"model.dtype = {core.model.dtype!r} stores the trainable weights and optimizer state in {core.model.dtype}: "
             "an update smaller than half a unit of a weight's precision (about 0.2% of the weight in bfloat16) is "
             f"lost, which is most updates at RL learning rates (trainer.lr = {core.trainer.lr:g}); keep dtype = "
-            "\"float32\" (compute_dtype = \"auto\" already computes in bfloat16 on CUDA)"
+            '"float32" (compute_dtype = "auto" already computes in bfloat16 on CUDA)'
         )
     if core.algorithm.kl_in_reward and core.algorithm.kl_coef == 0:
         warnings.append("algorithm.kl_in_reward is set but algorithm.kl_coef is 0: no KL penalty is applied")
@@ -75,10 +81,15 @@ def check_resolved(manifest: ResolvedManifest) -> list[str]:
     t = core.trainer
     if t.keep_best:
         if not t.best_metric.startswith("val/"):
-            problem("trainer.best_metric", f"{t.best_metric!r} is not a validation metric; keep_best ranks checkpoints "
-                    "by one of the validation's metrics, such as \"val/reward/mean\" or \"val/SOURCE/pass@1\"")
+            problem(
+                "trainer.best_metric",
+                f"{t.best_metric!r} is not a validation metric; keep_best ranks checkpoints "
+                'by one of the validation\'s metrics, such as "val/reward/mean" or "val/SOURCE/pass@1"',
+            )
         elif core.data.val is None:
-            problem("trainer.keep_best", "keep_best ranks checkpoints by their validation, and [data] sets no val")
+            problem(
+                "trainer.keep_best", "keep_best ranks checkpoints by their validation, and [data] sets no val"
+            )
         elif t.save_every and t.eval_every and t.save_every % t.eval_every:
             warnings.append(
                 f"trainer.keep_best: checkpoints are saved every {t.save_every} steps and validated every "

@@ -37,6 +37,12 @@ def manifest_json_schema(registry: Registry) -> dict[str, Any]:
     for table, kind in COMPONENT_MAPS.items():
         properties = {}
         for name, component in sorted(registry.components(kind).items()):
-            properties[name] = _inline(component.options.model_json_schema(ref_template="#/$defs/{model}"), defs)
-        schema["properties"][table] = {"type": "object", "properties": properties, "additionalProperties": {"type": "object"}}
+            properties[name] = _inline(
+                component.options.model_json_schema(ref_template="#/$defs/{model}"), defs
+            )
+        schema["properties"][table] = {
+            "type": "object",
+            "properties": properties,
+            "additionalProperties": {"type": "object"},
+        }
     return schema

@@ -13,9 +13,10 @@ import importlib.util
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -72,11 +73,15 @@ class ResolvedManifest:
             if table in COMPONENT_MAPS:
                 out.setdefault(table, {})[rest] = opts
             elif rest.startswith("routes."):  # [reward.routes."SOURCE"]: the function and its options
-                out[table]["routes"][rest[len("routes."):]] = {"function": sel.component.name, **opts}
+                out[table]["routes"][rest[len("routes.") :]] = {"function": sel.component.name, **opts}
             else:
                 out[table].update(opts)
         out["plugins"] = {
-            role: {"name": s.component.name, "distribution": s.component.distribution, "version": s.component.version}
+            role: {
+                "name": s.component.name,
+                "distribution": s.component.distribution,
+                "version": s.component.version,
+            }
             for role, s in {**self.selected, **self.data_sources}.items()
         }
         return out
@@ -159,10 +164,16 @@ def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         for err in exc.errors():
             table = str(err["loc"][0]) if err["loc"] else ""
             variable = variables.get(table, f"RLCORE_{table.upper()}")
-            problems.append(Problem(table, (
-                f"the environment variable {variable} must hold a JSON object of [{table}] keys "
-                f"(or set one key: RLCORE_{table.upper()}__KEY=value); got {_describe(err.get('input'))}"
-            ), file="<environment>"))
+            problems.append(
+                Problem(
+                    table,
+                    (
+                        f"the environment variable {variable} must hold a JSON object of [{table}] keys "
+                        f"(or set one key: RLCORE_{table.upper()}__KEY=value); got {_describe(err.get('input'))}"
+                    ),
+                    file="<environment>",
+                )
+            )
         raise ManifestError(problems) from None
     return {k: _parse_leaves(v) for k, v in settings.model_dump(exclude_none=True).items()}
 
@@ -176,7 +187,7 @@ def env_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     for name in environ:
         if not name.upper().startswith("RLCORE_"):
             continue
-        parts = name[len("RLCORE_"):].lower().split("__")
+        parts = name[len("RLCORE_") :].lower().split("__")
         if parts[0] in tables:
             found[".".join(parts)] = name
     return found
@@ -206,8 +217,13 @@ def resolve_path(value: str, base_dir: Path) -> str:
 
 
 class _Collector:
-    def __init__(self, path: Path, lines: dict[str, int], overridden: dict[str, str] | None = None,
-                 end_line: int | None = None):
+    def __init__(
+        self,
+        path: Path,
+        lines: dict[str, int],
+        overridden: dict[str, str] | None = None,
+        end_line: int | None = None,
+    ):
         """``end_line``: the file's last line, where a missing table is reported (it goes after it)."""
         self.path, self.lines, self.problems = path, lines, []
         self.overridden: dict[str, str] = dict(overridden or {})  # dotted key -> where its value came from
@@ -216,7 +232,9 @@ class _Collector:
 
     def add(self, key: str, message: str, missing: bool = False) -> None:
         # The override that set this key, a table above it or a key below it; the most specific wins.
-        origins = [o for o in self.overridden if key == o or key.startswith(o + ".") or o.startswith(key + ".")]
+        origins = [
+            o for o in self.overridden if key == o or key.startswith(o + ".") or o.startswith(key + ".")
+        ]
         if origins:
             origin = max(origins, key=lambda o: (o == key, len(o)))
             message += f" (from an override: {self.overridden[origin]})"
@@ -233,7 +251,9 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _pydantic_problems(col: _Collector, exc: ValidationError, prefix: str, model: type[BaseModel] | None = None) -> None:
+def _pydantic_problems(
+    col: _Collector, exc: ValidationError, prefix: str, model: type[BaseModel] | None = None
+) -> None:
     for err in exc.errors():
         loc = [str(p) for p in err["loc"]]
         key = ".".join([p for p in [prefix, *loc] if p])
@@ -249,8 +269,9 @@ def _pydantic_problems(col: _Collector, exc: ValidationError, prefix: str, model
             table = _model_at(model, loc) if model else None
             if table is not None:
                 needed = [n for n, f in table.model_fields.items() if f.is_required()]
-                msg = (f"required table is missing: add [{key}]"
-                       + (f" with {', '.join(f'{n} = ...' for n in needed)}" if needed else ""))
+                msg = f"required table is missing: add [{key}]" + (
+                    f" with {', '.join(f'{n} = ...' for n in needed)}" if needed else ""
+                )
             else:
                 msg = "required key is missing"
             col.add(key, msg, missing=True)
@@ -284,7 +305,9 @@ def load_manifest(
     path = Path(path)
     shown = path
     if not path.is_file():
-        raise ManifestError([Problem("", "no such manifest file" if not path.exists() else "not a file", file=str(shown))])
+        raise ManifestError(
+            [Problem("", "no such manifest file" if not path.exists() else "not a file", file=str(shown))]
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -295,9 +318,13 @@ def load_manifest(
         match = _TOML_POSITION.search(str(exc))
         line = int(match.group(1)) if match else None
         message = _TOML_POSITION.sub("", str(exc)).strip()
-        duplicate = find_duplicate(text) if message.startswith(("Cannot overwrite", "Cannot declare")) else None
+        duplicate = (
+            find_duplicate(text) if message.startswith(("Cannot overwrite", "Cannot declare")) else None
+        )
         if duplicate is not None:  # tomllib names neither the key nor the table
-            problem = Problem(duplicate.key, f"invalid TOML: {duplicate.describe()}", line=duplicate.line, file=str(shown))
+            problem = Problem(
+                duplicate.key, f"invalid TOML: {duplicate.describe()}", line=duplicate.line, file=str(shown)
+            )
             raise ManifestError([problem]) from None
         if match:
             message += f" (column {match.group(2)})"
@@ -310,14 +337,18 @@ def load_manifest(
     for table, values in env.items():
         for key in _flatten(values, table):
             variable = variables.get(key) or next(
-                (variables[v] for v in sorted(variables, key=len, reverse=True) if key.startswith(v + ".")), None)
+                (variables[v] for v in sorted(variables, key=len, reverse=True) if key.startswith(v + ".")),
+                None,
+            )
             col.overridden[key] = f"the environment variable {variable}" if variable else "the environment"
     _deep_merge(doc, env)
     for item in overrides:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key or not re.fullmatch(r"[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*", key):
-            col.problems.append(Problem("", f"--set expects TABLE.KEY=VALUE, got {item!r}", file="<command line>"))
+            col.problems.append(
+                Problem("", f"--set expects TABLE.KEY=VALUE, got {item!r}", file="<command line>")
+            )
             continue
         col.overridden[key] = f"--set {item.strip()}"
         _set_dotted(doc, key, parse_value(value.strip()))
@@ -332,7 +363,9 @@ def _flatten(values: Any, prefix: str) -> list[str]:
     return [prefix]
 
 
-def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry: Registry) -> ResolvedManifest:
+def validate_document(
+    doc: dict[str, Any], path: Path, col: _Collector, registry: Registry
+) -> ResolvedManifest:
     base_dir = path.parent
     doc = _with_plugin_defaults(_without_retired(doc, col), col, registry)
     core_doc = copy.deepcopy(doc)
@@ -396,7 +429,10 @@ def validate_document(doc: dict[str, Any], path: Path, col: _Collector, registry
                     _validate_options(col, component, {}, f"loggers.{name}", selected, role=f"loggers.{name}")
         for name in core.loggers:
             if name not in core.trainer.loggers:
-                col.add(f"loggers.{name}", f"options are given for logger {name!r} but trainer.loggers does not enable it")
+                col.add(
+                    f"loggers.{name}",
+                    f"options are given for logger {name!r} but trainer.loggers does not enable it",
+                )
 
     _check_targets(col, doc, selected)
 
@@ -422,7 +458,9 @@ def _without_retired(doc: dict[str, Any], col: _Collector) -> dict[str, Any]:
     return out
 
 
-def _validate_data_sources(col: _Collector, registry: Registry, doc: dict[str, Any], base_dir: Path) -> dict[str, Selected]:
+def _validate_data_sources(
+    col: _Collector, registry: Registry, doc: dict[str, Any], base_dir: Path
+) -> dict[str, Selected]:
     """``[data] train`` and ``val`` that name a data source (``reasoning_gym:TASK?...`` or a
     ``[data.train]`` table) are validated by that source's options model; files are checked later.
     Returns each source found, by role. ``base_dir`` (the manifest's directory) reaches the
@@ -488,11 +526,15 @@ def _check_steps(col: _Collector, doc: dict[str, Any]) -> None:
     if "steps" not in trainer and "total_epochs" not in trainer:
         col.add("trainer.steps", "required key is missing (or give total_epochs, passes over data.train)")
     elif "steps" in trainer and "total_epochs" in trainer:
-        col.add("trainer.total_epochs", "set one of steps (optimizer steps) and total_epochs (passes over data.train), not both")
+        col.add(
+            "trainer.total_epochs",
+            "set one of steps (optimizer steps) and total_epochs (passes over data.train), not both",
+        )
 
 
-def _validate_reward_routes(col: _Collector, registry: Registry, doc: dict[str, Any], base_dir: Path,
-                            selected: dict[str, Selected]) -> None:
+def _validate_reward_routes(
+    col: _Collector, registry: Registry, doc: dict[str, Any], base_dir: Path, selected: dict[str, Selected]
+) -> None:
     """``[reward]`` names a function, routes, or both. Each ``[reward.routes."SOURCE"]`` table selects
     a reward function (``function = NAME``) and gives its options, validated as ``[reward]``'s own
     are; the role is ``reward.routes.SOURCE``."""
@@ -501,13 +543,19 @@ def _validate_reward_routes(col: _Collector, registry: Registry, doc: dict[str, 
         return  # phase 1 reported it
     routes = reward.get("routes")
     if reward.get("function") is None and not routes:
-        col.add("reward.function", 'required key is missing (or give [reward.routes."DATA_SOURCE"] tables, a function per data source)')
+        col.add(
+            "reward.function",
+            'required key is missing (or give [reward.routes."DATA_SOURCE"] tables, a function per data source)',
+        )
     if not isinstance(routes, dict):
         return
     for source, table in routes.items():
         key = f"reward.routes.{source}"
         if not isinstance(table, dict):
-            col.add(key, f"expected a table [reward.routes.\"{source}\"] with function = \"NAME\", got {_describe(table)}")
+            col.add(
+                key,
+                f'expected a table [reward.routes."{source}"] with function = "NAME", got {_describe(table)}',
+            )
             continue
         options = dict(table)
         name = options.pop("function", None)
@@ -546,7 +594,10 @@ def _check_targets(col: _Collector, doc: dict[str, Any], selected: dict[str, Sel
         what = chosen.component.kind.split("_")[0] or "code"  # "reward", "tool": as errors at run time say
         if not where.endswith(".py"):
             if importlib.util.find_spec(where.split(".")[0]) is None:
-                col.add(key, f"{what} module {where!r} cannot be imported: no module named {where.split('.')[0]!r}")
+                col.add(
+                    key,
+                    f"{what} module {where!r} cannot be imported: no module named {where.split('.')[0]!r}",
+                )
             continue
         try:
             obj, origin = load_target(target, what="function", source=what)
@@ -554,11 +605,20 @@ def _check_targets(col: _Collector, doc: dict[str, Any], selected: dict[str, Sel
             col.add(key, str(exc))
             continue
         if not callable(obj) and not callable(getattr(obj, "score_batch", None)):
-            col.add(key, f"{origin}: {name!r} is not a function (or a batched reward) but a {type(obj).__name__} value")
+            col.add(
+                key,
+                f"{origin}: {name!r} is not a function (or a batched reward) but a {type(obj).__name__} value",
+            )
 
 
 def _lookup(
-    registry: Registry, kind: str, name: str, base_dir: Path, col: _Collector, key: str, options: dict | None = None
+    registry: Registry,
+    kind: str,
+    name: str,
+    base_dir: Path,
+    col: _Collector,
+    key: str,
+    options: dict | None = None,
 ) -> tuple[Component | None, dict[str, Any]]:
     """Find a component. ``NAME:TARGET`` selects a component that declares a ``target_option``
     (the builtin ``python`` reward); a table of a name nobody registered selects the component
@@ -570,7 +630,10 @@ def _lookup(
     if inline is not None and inline.target_option:
         file_part, sep, func = target.rpartition(":")
         if not sep or not file_part or not func:
-            col.add(key, f"expected '{prefix}:FILE.py:FUNCTION' or '{prefix}:package.module:FUNCTION', got {name!r}")
+            col.add(
+                key,
+                f"expected '{prefix}:FILE.py:FUNCTION' or '{prefix}:package.module:FUNCTION', got {name!r}",
+            )
             return None, {}
         if file_part.endswith(".py"):
             file_path = Path(file_part) if Path(file_part).is_absolute() else base_dir / file_part
@@ -615,7 +678,8 @@ def _validate_table_options(
             fields = sorted(c.options.model_fields)
             all_fields += fields
             descriptions.append(
-                f"{kind.replace('_', ' ')} {c.name!r} takes " + (", ".join(fields) if fields else "no options")
+                f"{kind.replace('_', ' ')} {c.name!r} takes "
+                + (", ".join(fields) if fields else "no options")
             )
         message = "unknown key: " + "; ".join(descriptions)
         others: dict[str, list[str]] = {}  # kind -> every other installed component declaring the key
@@ -625,7 +689,10 @@ def _validate_table_options(
                     others.setdefault(kind, []).append(o.name)
         if others:
             owners_text = " and ".join(_names_of(kind, names) for kind, names in others.items())
-            message = f"{key!r} is an option of {owners_text}, not of the selected one; " + message.removeprefix("unknown key: ")
+            message = (
+                f"{key!r} is an option of {owners_text}, not of the selected one; "
+                + message.removeprefix("unknown key: ")
+            )
         else:
             hint = did_you_mean(key, all_fields)
             if hint:
@@ -671,8 +738,11 @@ _DATA_COMMANDS = {  # a data directory named so is what this command writes
 def _data_hint(missing: Path, text: str) -> str:
     """How to make a missing data file: the ``rlcore data`` command the manifest's own comments
     give, else the one that writes a directory of that name, else where the converters are listed."""
-    commands = [line.lstrip("#").strip() for line in text.splitlines()
-                if line.lstrip().startswith("#") and "rlcore data " in line]
+    commands = [
+        line.lstrip("#").strip()
+        for line in text.splitlines()
+        if line.lstrip().startswith("#") and "rlcore data " in line
+    ]
     if commands:
         return f"; make it first with: {commands[0]} (as the manifest's comment says)"
     template = _DATA_COMMANDS.get(missing.parent.name.lower())
@@ -682,7 +752,9 @@ def _data_hint(missing: Path, text: str) -> str:
         except ValueError:
             shown = missing.parent
         return f"; make it first with: {template.format(dir=shown)}"
-    return "; `rlcore data --help` lists the converters that write verl-format parquet (gsm8k, math, synthetic)"
+    return (
+        "; `rlcore data --help` lists the converters that write verl-format parquet (gsm8k, math, synthetic)"
+    )
 
 
 def _resolve_paths(core: Manifest, base_dir: Path, col: _Collector) -> None:
@@ -708,6 +780,13 @@ def _resolve_paths(core: Manifest, base_dir: Path, col: _Collector) -> None:
         setter(resolved)
     out = Path(core.run.output_dir).expanduser()
     core.run.output_dir = str(out if out.is_absolute() else (base_dir / out).resolve())
-    if core.model.gguf_file and Path(core.model.path).is_dir() and not (Path(core.model.path) / core.model.gguf_file).is_file():
+    if (
+        core.model.gguf_file
+        and Path(core.model.path).is_dir()
+        and not (Path(core.model.path) / core.model.gguf_file).is_file()
+    ):
         available = sorted(p.name for p in Path(core.model.path).glob("*.gguf"))
-        col.add("model.gguf_file", f"no file {core.model.gguf_file!r} in {core.model.path}; available: {', '.join(available) or 'none'}")
+        col.add(
+            "model.gguf_file",
+            f"no file {core.model.gguf_file!r} in {core.model.path}; available: {', '.join(available) or 'none'}",
+        )

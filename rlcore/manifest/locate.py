@@ -7,8 +7,8 @@ key to its line so that every validation error can point at the line to fix.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 _BARE = r"[A-Za-z0-9_-]+"
 _QUOTED = r'"(?:[^"\\]|\\.)*"|\'[^\']*\''
@@ -49,7 +49,7 @@ def _entries(text: str) -> Iterator[tuple[int, str, list[str], list[str]]]:
         assign = _ASSIGN.match(line)
         if assign:
             yield number, "key", [*table, *_split_key(assign.group(1))], list(table)
-            rest = line[assign.end():]
+            rest = line[assign.end() :]
             for quote in ('"""', "'''"):
                 if rest.count(quote) % 2 == 1:
                     in_multiline = quote
@@ -82,7 +82,7 @@ class Duplicate:
     def describe(self) -> str:
         if self.is_table:
             return f"table [{self.key}] is declared twice (first on line {self.first_line})"
-        name = self.key[len(self.table) + 1:] if self.table else self.key
+        name = self.key[len(self.table) + 1 :] if self.table else self.key
         where = f"table [{self.table}]" if self.table else "the top level"
         return f"duplicate key {name!r} in {where} (first set on line {self.first_line})"
 

@@ -18,9 +18,13 @@ class Table(BaseModel):
 class RunTable(Table):
     name: str = Field("run", min_length=1, description="name of the run; its directory is output_dir/name")
     seed: int = Field(1, ge=0)
-    output_dir: str = Field("runs", description="parent directory of run directories (relative to the manifest)")
+    output_dir: str = Field(
+        "runs", description="parent directory of run directories (relative to the manifest)"
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks cuda when available")
-    deterministic: bool = Field(False, description="deterministic torch algorithms (slower; for exact resume)")
+    deterministic: bool = Field(
+        False, description="deterministic torch algorithms (slower; for exact resume)"
+    )
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
 
 
@@ -32,7 +36,9 @@ class LoraTable(Table):
 
 
 class ModelTable(Table):
-    path: str = Field(..., min_length=1, description="a Hugging Face model directory or hub id (relative to the manifest)")
+    path: str = Field(
+        ..., min_length=1, description="a Hugging Face model directory or hub id (relative to the manifest)"
+    )
     gguf_file: str | None = Field(None, description="a GGUF file inside `path` to load the model from")
     tokenizer: str | None = Field(None, description="tokenizer path, when it differs from `path`")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
@@ -69,47 +75,52 @@ class ModelTable(Table):
     lora: LoraTable | None = None
 
     @model_validator(mode="after")
-    def _shared_prompts_need_varlen(self) -> "ModelTable":
+    def _shared_prompts_need_varlen(self) -> ModelTable:
         if self.share_prompts is True and self.attn_implementation not in (None, "rlcore_varlen"):
             raise ValueError(
-                f"share_prompts = true needs attn_implementation = \"rlcore_varlen\" (it is "
+                f'share_prompts = true needs attn_implementation = "rlcore_varlen" (it is '
                 f"{self.attn_implementation!r}): only that attention knows which keys each response sees"
             )
         return self
 
     @model_validator(mode="after")
-    def _compute_not_wider_than_storage(self) -> "ModelTable":
+    def _compute_not_wider_than_storage(self) -> ModelTable:
         if self.compute_dtype == "float32" and self.dtype != "float32":
             raise ValueError(
-                f"compute_dtype = \"float32\" needs dtype = \"float32\" (weights stored in {self.dtype} cannot be "
-                "computed in float32 without a float32 copy; set dtype = \"float32\")"
+                f'compute_dtype = "float32" needs dtype = "float32" (weights stored in {self.dtype} cannot be '
+                'computed in float32 without a float32 copy; set dtype = "float32")'
             )
         return self
 
 
 class DataTable(Table):
     train: str | dict[str, Any] = Field(
-        ..., min_length=1,
+        ...,
+        min_length=1,
         description="parquet or jsonl file (relative to the manifest), or a data source: synthetic:<task>, "
         "reasoning_gym:<task>?size=N, or a table with source = NAME and the source's options",
     )
-    val: str | dict[str, Any] | None = Field(None, description="validation set, same forms (a source with splits "
-                                             "gives val its test split)")
+    val: str | dict[str, Any] | None = Field(
+        None, description="validation set, same forms (a source with splits gives val its test split)"
+    )
     prompts_per_step: int = Field(16, ge=1, description="prompt groups a step trains on")
     gen_batch_size: int = Field(
-        0, ge=0,
+        0,
+        ge=0,
         description="prompts generated each round, of which a batch filter's selected groups are kept until the step "
         "holds prompts_per_step ([filters.dynamic_sampling]; verl's data.gen_batch_size, 3x the train batch in its "
         "DAPO scripts); 0 = prompts_per_step",
     )
     max_prompt_tokens: int = Field(512, ge=1)
     max_response_tokens: int = Field(256, ge=1)
-    val_max_prompts: int | None = Field(None, ge=1, description="evaluate on at most this many validation prompts")
+    val_max_prompts: int | None = Field(
+        None, ge=1, description="evaluate on at most this many validation prompts"
+    )
     shuffle: bool = True
     prompt_key: str = "prompt"
     source_weights: dict[str, float] = Field(
         default_factory=dict,
-        description='draw each step\'s prompts from the data sources of data.train in these proportions '
+        description="draw each step's prompts from the data sources of data.train in these proportions "
         '({"openai/gsm8k" = 3, "lighteval/MATH" = 1}; every source needs one, 0 leaves it out); default: '
         "as they come in the shuffled data",
     )
@@ -120,7 +131,7 @@ class DataTable(Table):
     )
 
     @model_validator(mode="after")
-    def _weights(self) -> "DataTable":
+    def _weights(self) -> DataTable:
         if any(w < 0 for w in self.source_weights.values()):
             raise ValueError("source_weights must not be negative")
         if self.source_weights and not any(w > 0 for w in self.source_weights.values()):
@@ -132,7 +143,8 @@ class RolloutTable(Table):
     model_config = ConfigDict(extra="allow")
 
     engine: str | None = Field(
-        None, description="a registered rollout engine (left out: the installed one marked default, rlcore-rollout-hf's hf)"
+        None,
+        description="a registered rollout engine (left out: the installed one marked default, rlcore-rollout-hf's hf)",
     )
     samples_per_prompt: int = Field(1, ge=1)
     temperature: float = Field(1.0, ge=0.0)
@@ -165,9 +177,13 @@ class RolloutTable(Table):
         description="how a split engine receives the weights: shared (a bucket buffer both processes map: CPU shared "
         "memory, or CUDA IPC on one GPU or the GPUs of one host) or gloo (broadcast over a two-process gloo group)",
     )
-    weight_bucket_mb: int = Field(256, ge=1, le=65536, description="the size of one weight bucket sent to a split engine")
+    weight_bucket_mb: int = Field(
+        256, ge=1, le=65536, description="the size of one weight bucket sent to a split engine"
+    )
     score_chunks: int = Field(
-        1, ge=1, le=1024,
+        1,
+        ge=1,
+        le=1024,
         description="generate each step's prompts in this many chunks and score each chunk while the next one "
         "generates (slow rewards: a sandbox, a judge, a reward model); 1: generate all, then score all",
     )
@@ -198,34 +214,50 @@ class AlgorithmTable(Table):
     model_config = ConfigDict(extra="allow")
 
     advantage: str | None = Field(
-        None, description="a registered advantage estimator (left out: the installed one marked default, grpo)"
+        None,
+        description="a registered advantage estimator (left out: the installed one marked default, grpo)",
     )
     policy_loss: str = Field("ppo_clip", description="a registered policy loss")
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = Field(
         "token-mean",
         description="how per-token losses add up: the mean over tokens; per sequence, its token sum (or mean) averaged "
         "over sequences; seq-mean-token-sum-norm: each token sum over data.max_response_tokens (Dr. GRPO). A policy "
         "loss defined with its own aggregation (gspo) uses that",
     )
     loss_norm_length: int | None = Field(
-        None, ge=1, description="seq-mean-token-sum-norm: the constant length each sequence's token sum is divided by; "
+        None,
+        ge=1,
+        description="seq-mean-token-sum-norm: the constant length each sequence's token sum is divided by; "
         "default data.max_response_tokens (verl's loss_scale_factor, default its response length)",
     )
-    kl_coef: float = Field(0.0, ge=0.0, description="weight of the KL to the reference policy (0 = no reference)")
+    kl_coef: float = Field(
+        0.0, ge=0.0, description="weight of the KL to the reference policy (0 = no reference)"
+    )
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    kl_in_reward: bool = Field(False, description="apply KL as a per-token reward penalty instead of a loss term")
+    kl_in_reward: bool = Field(
+        False, description="apply KL as a per-token reward penalty instead of a loss term"
+    )
     entropy_coef: float = Field(0.0, ge=0.0)
     ppo_epochs: int = Field(1, ge=1)
     mini_batches: int = Field(1, ge=1, description="optimizer steps per rollout batch")
-    rollout_correction: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = Field(
+    rollout_correction: Literal[
+        "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+    ] = Field(
         "none",
         description="weigh the policy loss by the trainer/engine importance ratio, per token or per sequence: "
         "truncate = min(ratio, rollout_is_threshold) (TIS); mask = the ratio inside [rollout_is_threshold_lower, "
         "rollout_is_threshold], 0 outside (MIS)",
     )
-    rollout_is_threshold: float = Field(2.0, ge=1.0, description="upper bound of the importance ratio (rollout_correction)")
+    rollout_is_threshold: float = Field(
+        2.0, ge=1.0, description="upper bound of the importance ratio (rollout_correction)"
+    )
     rollout_is_threshold_lower: float | None = Field(
-        None, gt=0.0, le=1.0, description="mask modes: lower bound of the ratio; default 1 / rollout_is_threshold"
+        None,
+        gt=0.0,
+        le=1.0,
+        description="mask modes: lower bound of the ratio; default 1 / rollout_is_threshold",
     )
 
 
@@ -242,9 +274,13 @@ class CriticTable(Table):
 
 
 class TrainerTable(Table):
-    steps: int | None = Field(None, ge=1, description="optimizer steps to train (one batch each); or total_epochs")
+    steps: int | None = Field(
+        None, ge=1, description="optimizer steps to train (one batch each); or total_epochs"
+    )
     total_epochs: float | None = Field(
-        None, gt=0, le=10_000,
+        None,
+        gt=0,
+        le=10_000,
         description="train for this many passes over data.train instead: steps = ceil(total_epochs x usable "
         "prompts / prompts_per_step (gen_batch_size when set)), computed once the data is loaded",
     )
@@ -254,22 +290,29 @@ class TrainerTable(Table):
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = Field(1.0, gt=0)
     micro_batch_tokens: int = Field(
-        4096, ge=1,
+        4096,
+        ge=1,
         description="token budget of one packed forward/backward row (attention over a packed row costs its length squared)",
     )
     save_every: int = Field(0, ge=0, description="0 = only at the end")
     keep_checkpoints: int = Field(
-        2, ge=1,
+        2,
+        ge=1,
         description="keep the last this many checkpoints (each holds the model and the optimizer state: about "
         "12 bytes a parameter in float32 with AdamW, 1.6 GB for a 135M model); older ones are deleted",
     )
     keep_best: int = Field(
-        0, ge=0,
+        0,
+        ge=0,
         description="also keep this many of the best checkpoints by best_metric (of the validation at the "
         "checkpoint's step), whatever their age; 0 keeps the last keep_checkpoints only",
     )
-    best_metric: str = Field("val/reward/mean", description="the validation metric keep_best ranks checkpoints by")
-    best_mode: Literal["max", "min"] = Field("max", description="whether a higher or a lower best_metric is better")
+    best_metric: str = Field(
+        "val/reward/mean", description="the validation metric keep_best ranks checkpoints by"
+    )
+    best_mode: Literal["max", "min"] = Field(
+        "max", description="whether a higher or a lower best_metric is better"
+    )
     eval_every: int = Field(0, ge=0, description="0 = only before and after training")
     eval_before_train: bool = True
     loggers: list[str] = Field(default_factory=lambda: ["console", "jsonl"])
@@ -298,7 +341,9 @@ class TrainerTable(Table):
         "allocation and free (slower steps) and host memory for the last 100,000 of them",
     )
     log_val_generations: int = Field(
-        0, ge=0, le=1000,
+        0,
+        ge=0,
+        le=1000,
         description="at each validation, log this many samples (prompt, response, score): to generations.jsonl "
         "beside metrics.jsonl, and as a table to tensorboard and wandb",
     )
@@ -326,18 +371,24 @@ class Manifest(Table):
     critic: CriticTable = Field(default_factory=CriticTable)
     trainer: TrainerTable
     agent: AgentTable = Field(default_factory=AgentTable)
-    tools: dict[str, dict] = Field(default_factory=dict, description="[tools.<name>] tables: options of each tool")
-    loggers: dict[str, dict] = Field(default_factory=dict, description="[loggers.<name>] tables: options of each sink")
+    tools: dict[str, dict] = Field(
+        default_factory=dict, description="[tools.<name>] tables: options of each tool"
+    )
+    loggers: dict[str, dict] = Field(
+        default_factory=dict, description="[loggers.<name>] tables: options of each sink"
+    )
     shapers: dict[str, dict] = Field(
-        default_factory=dict, description="[shapers.<name>] tables: score shapers, each round's scores (overlong)"
+        default_factory=dict,
+        description="[shapers.<name>] tables: score shapers, each round's scores (overlong)",
     )
     filters: dict[str, dict] = Field(
-        default_factory=dict, description="[filters.<name>] tables: batch filters (dynamic_sampling, mask_truncated)"
+        default_factory=dict,
+        description="[filters.<name>] tables: batch filters (dynamic_sampling, mask_truncated)",
     )
     launcher: LauncherTable = Field(default_factory=LauncherTable)
 
     @model_validator(mode="after")
-    def _correct_stale_batches(self) -> "Manifest":
+    def _correct_stale_batches(self) -> Manifest:
         """Batches generated by older weights need the behaviour/trainer importance correction; it is
         on by default when rollouts may be stale (an explicit ``rollout_correction = "none"`` stays)."""
         algo = self.algorithm

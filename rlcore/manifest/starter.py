@@ -17,7 +17,7 @@ CHOSEN = (
     ("reward", "function", "reward_function", "reward function"),
 )
 
-STARTER = '''\
+STARTER = """\
 # An rlcore manifest: one file describes a whole run.
 # Check it with `rlcore validate {path}`; run it with `rlcore run {path}`.
 # Override any value from the command line: `rlcore run {path} --set trainer.steps=5`.
@@ -64,7 +64,7 @@ loggers = ["console", "jsonl"]
 
 [launcher]
 name = "local"
-'''
+"""
 
 
 def starter_text(path: str = "rlcore.toml", registry: Any = None) -> str:
@@ -84,7 +84,11 @@ def _selector_line(key: str, kind: str, what: str, registry: Any) -> str:
         also = f"; also installed: {', '.join(others)}" if others else ""
         return f'{key} = "{defaults[0]}"'.ljust(28) + f" # the installed default{also}"
     if defaults:
-        return f"# {key} = ...  several installed {what}s are marked default ({', '.join(defaults)}): name one"
+        return (
+            f"# {key} = ...  several installed {what}s are marked default ({', '.join(defaults)}): name one"
+        )
     if others:
-        return f"# {key} = ...  none of the installed {what}s is marked default: name one of {', '.join(others)}"
+        return (
+            f"# {key} = ...  none of the installed {what}s is marked default: name one of {', '.join(others)}"
+        )
     return f"# {key} = ...  no {what} is installed: `rlcore plugins` lists what is"

@@ -38,8 +38,13 @@ def isolated_registry() -> Registry:
     return Registry.discover(external=False, disabled=())
 
 
-def register(registry: Registry, plugin: Any, name: str | None = None, distribution: str | None = None,
-             version: str = "0.0.test") -> PluginInfo:
+def register(
+    registry: Registry,
+    plugin: Any,
+    name: str | None = None,
+    distribution: str | None = None,
+    version: str = "0.0.test",
+) -> PluginInfo:
     """Register ``plugin`` (a module or an object with ``@rlcore.hookimpl`` methods)."""
     name = name or getattr(plugin, "__name__", None) or type(plugin).__name__
     return registry.register(plugin, name=name, distribution=distribution or name, version=version)
@@ -75,4 +80,7 @@ def require_plugins(*packages: str) -> None:
     if missing:
         import pytest
 
-        pytest.skip(f"needs other plugins' packages, not installed here: {', '.join(missing)}", allow_module_level=True)
+        pytest.skip(
+            f"needs other plugins' packages, not installed here: {', '.join(missing)}",
+            allow_module_level=True,
+        )

@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlcore.components import Component
-from rlcore.testing import build_subject
 from rlcore.interfaces import BuildContext, Completion, Prompt, SamplingParams, Trajectory
+from rlcore.testing import build_subject
 
 QUESTIONS = ("What is 12 + 30?", "Compute 7 * 6 with the python tool.", "Say the answer is 42.")
 
@@ -64,8 +64,12 @@ class KitEngine:
         digest = zlib.crc32(",".join(map(str, [*context, -1, token])).encode())
         return -0.01 - (digest % 7990) / 1000.0
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 max_new_tokens: Sequence[int] | None = None) -> list[list[Completion]]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> list[list[Completion]]:
         self.calls.append([list(p) for p in prompts])
         out = []
         for index, prompt in enumerate(prompts):
@@ -107,67 +111,108 @@ def kit_prompts(tokenizer: Any, questions: Sequence[str] = QUESTIONS) -> list[Pr
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # newer transformers return a BatchEncoding
             ids = ids["input_ids"]
-        prompts.append(Prompt(token_ids=list(ids), messages=messages, data_source="kit", ground_truth="42",
-                              extra_info={"index": index}, index=index))
+        prompts.append(
+            Prompt(
+                token_ids=list(ids),
+                messages=messages,
+                data_source="kit",
+                ground_truth="42",
+                extra_info={"index": index},
+                index=index,
+            )
+        )
     return prompts
 
 
 def _signature(trajectories: list[Trajectory]) -> list[tuple]:
-    return [(list(t.response_ids), list(t.response_mask), list(t.rollout_logprobs), t.finish_reason)
-            for t in trajectories]
+    return [
+        (list(t.response_ids), list(t.response_mask), list(t.rollout_logprobs), t.finish_reason)
+        for t in trajectories
+    ]
 
 
-def check_trajectories(trajectories: Any, prompts: Sequence[Prompt], params: SamplingParams,
-                       engine: KitEngine) -> None:
+def check_trajectories(
+    trajectories: Any, prompts: Sequence[Prompt], params: SamplingParams, engine: KitEngine
+) -> None:
     """The rules one run's output must follow: ``params.n`` trajectories per prompt, grouped, in
     prompt order; ids, mask and log-probs of one length; masks of 0 and 1 with at least one model
     token; log-probs finite, 0.0 under mask 0, and under mask 1 the engine's own for that token
     after ``prompt + response[:i]``; at most ``params.max_new_tokens`` response tokens."""
-    assert isinstance(trajectories, list), f"run must return a list of Trajectory, got {type(trajectories).__name__}"
+    assert isinstance(trajectories, list), (
+        f"run must return a list of Trajectory, got {type(trajectories).__name__}"
+    )
     expected = len(prompts) * params.n
     assert len(trajectories) == expected, (
-        f"run returned {len(trajectories)} trajectories for {len(prompts)} prompts x n={params.n}: expected {expected}")
+        f"run returned {len(trajectories)} trajectories for {len(prompts)} prompts x n={params.n}: expected {expected}"
+    )
     for t, trajectory in enumerate(trajectories):
         where = f"trajectory {t}"
-        assert isinstance(trajectory, Trajectory), f"{where} is a {type(trajectory).__name__}, not a Trajectory"
+        assert isinstance(trajectory, Trajectory), (
+            f"{where} is a {type(trajectory).__name__}, not a Trajectory"
+        )
         prompt = prompts[t // params.n]
         got = trajectory.prompt
         assert isinstance(got, Prompt) and (got.index, got.data_source, got.messages[:1]) == (
-            prompt.index, prompt.data_source, prompt.messages[:1]), (
+            prompt.index,
+            prompt.data_source,
+            prompt.messages[:1],
+        ), (
             f"{where} belongs to prompt {t // params.n} (trajectories are grouped by prompt, n={params.n} each, "
-            f"in prompt order) but carries prompt index {getattr(got, 'index', None)}")
+            f"in prompt order) but carries prompt index {getattr(got, 'index', None)}"
+        )
         ids, mask, logprobs = trajectory.response_ids, trajectory.response_mask, trajectory.rollout_logprobs
         assert len(ids) == len(mask) == len(logprobs), (
             f"{where}: response_ids ({len(ids)}), response_mask ({len(mask)}) and rollout_logprobs "
-            f"({len(logprobs)}) must have one entry per response token")
-        assert all(isinstance(i, int) and not isinstance(i, bool) for i in ids), f"{where}: response_ids must be ints"
-        assert set(mask) <= {0, 1}, f"{where}: response_mask holds {sorted(set(mask) - {0, 1})}; only 0 and 1 are allowed"
+            f"({len(logprobs)}) must have one entry per response token"
+        )
+        assert all(isinstance(i, int) and not isinstance(i, bool) for i in ids), (
+            f"{where}: response_ids must be ints"
+        )
+        assert set(mask) <= {0, 1}, (
+            f"{where}: response_mask holds {sorted(set(mask) - {0, 1})}; only 0 and 1 are allowed"
+        )
         assert 1 in mask, f"{where}: no token is marked as the model's (response_mask is all 0)"
         assert len(ids) <= params.max_new_tokens, (
-            f"{where}: {len(ids)} response tokens, more than max_new_tokens={params.max_new_tokens}")
+            f"{where}: {len(ids)} response tokens, more than max_new_tokens={params.max_new_tokens}"
+        )
         context = list(got.token_ids)
         for i, (token, m, lp) in enumerate(zip(ids, mask, logprobs)):
-            assert isinstance(lp, (int, float)) and math.isfinite(lp), f"{where}, token {i}: log-prob {lp!r} is not finite"
+            assert isinstance(lp, (int, float)) and math.isfinite(lp), (
+                f"{where}, token {i}: log-prob {lp!r} is not finite"
+            )
             if m == 0:
-                assert lp == 0.0, f"{where}, token {i}: mask 0 (not the model's) but log-prob {lp} (must be 0.0)"
+                assert lp == 0.0, (
+                    f"{where}, token {i}: mask 0 (not the model's) but log-prob {lp} (must be 0.0)"
+                )
             else:
                 want = engine.logprob(context + list(ids[:i]), token)
                 assert abs(lp - want) < 1e-6, (
                     f"{where}, token {i} (id {token}, mask 1): log-prob {lp:.4f}, but the engine gave {want:.4f} to "
                     "that token after the prompt and response before it: log-probs misaligned with tokens, "
                     "a token the engine did not generate there marked as the model's, or the response is not "
-                    "what the model saw")
+                    "what the model saw"
+                )
         assert isinstance(trajectory.finish_reason, str) and trajectory.finish_reason, (
-            f"{where}: finish_reason must be a non-empty string")
+            f"{where}: finish_reason must be a non-empty string"
+        )
         for key, value in (trajectory.metrics or {}).items():
             assert isinstance(key, str) and isinstance(value, (int, float)) and math.isfinite(value), (
-                f"{where}: metric {key!r} = {value!r} (metrics are names to finite numbers)")
+                f"{where}: metric {key!r} = {value!r} (metrics are names to finite numbers)"
+            )
 
 
-def check_agent_loop(component: Component | Any, options: Any = None, *, context: BuildContext | None = None,
-                     tokenizer: Any = None, script: Script | None = None, n: int = 2,
-                     max_new_tokens: int = 24, seed: int = 7,
-                     prompts: Sequence[Prompt] | None = None) -> dict[str, Any]:
+def check_agent_loop(
+    component: Component | Any,
+    options: Any = None,
+    *,
+    context: BuildContext | None = None,
+    tokenizer: Any = None,
+    script: Script | None = None,
+    n: int = 2,
+    max_new_tokens: int = 24,
+    seed: int = 7,
+    prompts: Sequence[Prompt] | None = None,
+) -> dict[str, Any]:
     """Run the agent loop ``component`` (a registered :class:`~rlcore.components.Component`,
     built with ``options`` and ``context``, or a built loop) on three chat prompts against a
     :class:`KitEngine` and check its trajectories (:func:`check_trajectories`). A loop that plays
@@ -186,16 +231,21 @@ def check_agent_loop(component: Component | Any, options: Any = None, *, context
 
         tokenizer = make_chat_tokenizer()
     if context is None:
-        context = BuildContext(tokenizer=tokenizer, seed=seed, manifest={"data": {"max_response_tokens": max_new_tokens}})
+        context = BuildContext(
+            tokenizer=tokenizer, seed=seed, manifest={"data": {"max_response_tokens": max_new_tokens}}
+        )
     elif context.tokenizer is None:
         context.tokenizer = tokenizer
     loop = build_subject(component, options, context)
-    assert callable(getattr(loop, "run", None)), f"an agent loop needs run(prompts, engine, params); {type(loop).__name__} has none"
+    assert callable(getattr(loop, "run", None)), (
+        f"an agent loop needs run(prompts, engine, params); {type(loop).__name__} has none"
+    )
     prompts = list(prompts) if prompts is not None else kit_prompts(tokenizer)
     assert prompts, "check_agent_loop needs at least one prompt"
     before = copy.deepcopy(prompts)
-    params = SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=1.0,
-                            stop_token_ids=[tokenizer.eos_token_id])
+    params = SamplingParams(
+        n=n, max_new_tokens=max_new_tokens, temperature=1.0, stop_token_ids=[tokenizer.eos_token_id]
+    )
 
     engine = KitEngine(tokenizer, seed=seed, script=script)
     empty = loop.run([], engine, params)
@@ -203,14 +253,16 @@ def check_agent_loop(component: Component | Any, options: Any = None, *, context
     first = loop.run(prompts, engine, params)
     check_trajectories(first, prompts, params, engine)
     assert engine.calls, "run returned trajectories without calling the engine"
-    assert [(p.token_ids, p.messages, p.index) for p in prompts] == [(p.token_ids, p.messages, p.index) for p in before], (
-        "run changed the prompts it was given")
+    assert [(p.token_ids, p.messages, p.index) for p in prompts] == [
+        (p.token_ids, p.messages, p.index) for p in before
+    ], "run changed the prompts it was given"
 
     again_engine = KitEngine(tokenizer, seed=seed, script=script)
     again = loop.run(copy.deepcopy(prompts), again_engine, params)
     assert _signature(again) == _signature(first), (
         "two runs against engines of the same seed gave different trajectories (the loop must be deterministic "
-        "given the engine: no global random state, no order that depends on timing)")
+        "given the engine: no global random state, no order that depends on timing)"
+    )
 
     seeded = params.model_copy(update={"seed": seed + 1})
     one = loop.run(copy.deepcopy(prompts), KitEngine(tokenizer, seed=0, script=script), seeded)
@@ -218,5 +270,6 @@ def check_agent_loop(component: Component | Any, options: Any = None, *, context
     two = loop.run(copy.deepcopy(prompts), KitEngine(tokenizer, seed=1, script=script), seeded)
     assert _signature(one) == _signature(two), (
         "with params.seed set, engines of different seeds gave different trajectories: the loop must pass "
-        "params.seed on to the engine")
+        "params.seed on to the engine"
+    )
     return {"trajectories": first, "engine_calls": len(engine.calls)}

@@ -16,7 +16,8 @@ declares ``needs={"critic"}`` (or any callable, with ``needs_values=True``) is g
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -42,7 +43,9 @@ def _mask(rows: list[list[int]]) -> torch.Tensor:
 def _advantage_cases(generator: torch.Generator) -> dict[str, AdvantageInput]:
     """Named edge cases. Scores sit on each row's last model token of token_rewards."""
 
-    def make(scores: list[float], groups: list[int], mask: torch.Tensor, extra_rewards: bool = False) -> AdvantageInput:
+    def make(
+        scores: list[float], groups: list[int], mask: torch.Tensor, extra_rewards: bool = False
+    ) -> AdvantageInput:
         s = torch.tensor(scores, dtype=torch.float32)
         rewards = torch.zeros_like(mask)
         for row in range(mask.shape[0]):
@@ -52,23 +55,36 @@ def _advantage_cases(generator: torch.Generator) -> dict[str, AdvantageInput]:
         if extra_rewards:  # a per-token penalty, as a KL-in-reward would add
             rewards = rewards - 0.01 * torch.rand(mask.shape, generator=generator) * mask
         values = torch.randn(mask.shape, generator=generator) * mask
-        return AdvantageInput(scores=s, token_rewards=rewards, response_mask=mask,
-                              group_ids=torch.tensor(groups, dtype=torch.long), values=values)
+        return AdvantageInput(
+            scores=s,
+            token_rewards=rewards,
+            response_mask=mask,
+            group_ids=torch.tensor(groups, dtype=torch.long),
+            values=values,
+        )
 
-    padded = _mask([
-        [1, 1, 1, 1, 0, 0],
-        [1, 1, 0, 0, 0, 0],
-        [1, 1, 1, 1, 1, 1],
-        [1, 0, 1, 1, 0, 0],  # a gap (tool output) between model tokens
-        [0, 1, 1, 1, 1, 0],
-        [1, 1, 1, 0, 0, 0],
-    ])
+    padded = _mask(
+        [
+            [1, 1, 1, 1, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1],
+            [1, 0, 1, 1, 0, 0],  # a gap (tool output) between model tokens
+            [0, 1, 1, 1, 1, 0],
+            [1, 1, 1, 0, 0, 0],
+        ]
+    )
     return {
-        "mixed groups with padding": make([1.0, 0.0, 0.5, 1.0, 0.0, 0.25], [7, 7, 7, 42, 42, 42], padded, True),
-        "a group whose rewards are all equal": make([1.0, 1.0, 1.0, 0.0, 1.0, 0.0], [0, 0, 0, 1, 1, 1], padded),
+        "mixed groups with padding": make(
+            [1.0, 0.0, 0.5, 1.0, 0.0, 0.25], [7, 7, 7, 42, 42, 42], padded, True
+        ),
+        "a group whose rewards are all equal": make(
+            [1.0, 1.0, 1.0, 0.0, 1.0, 0.0], [0, 0, 0, 1, 1, 1], padded
+        ),
         "every reward equal": make([0.5] * 6, [0, 0, 0, 1, 1, 1], padded),
         "single-sample groups": make([1.0, 0.0, 0.3], [3, 1, 2], padded[:3]),
-        "a row with an all-zero mask": make([1.0, 0.0, 1.0], [0, 0, 0], _mask([[1, 1, 0], [0, 0, 0], [1, 1, 1]])),
+        "a row with an all-zero mask": make(
+            [1.0, 0.0, 1.0], [0, 0, 0], _mask([[1, 1, 0], [0, 0, 0], [1, 1, 1]])
+        ),
         "an all-zero mask": make([1.0, 0.0], [0, 0], torch.zeros(2, 4)),
         "one token": make([1.0, 0.0], [0, 0], _mask([[1], [1]])),
     }
@@ -78,13 +94,23 @@ def _with_garbage(batch: AdvantageInput, garbage: float, needs_values: bool) -> 
     """The same batch with ``garbage`` in the critic values at masked positions."""
     masked_out = batch.response_mask == 0
     values = batch.values.masked_fill(masked_out, garbage) if needs_values else None
-    return AdvantageInput(batch.scores.clone(), batch.token_rewards.clone(), batch.response_mask.clone(),
-                          batch.group_ids.clone(), values)
+    return AdvantageInput(
+        batch.scores.clone(),
+        batch.token_rewards.clone(),
+        batch.response_mask.clone(),
+        batch.group_ids.clone(),
+        values,
+    )
 
 
 def _clone(batch: AdvantageInput, needs_values: bool) -> AdvantageInput:
-    return AdvantageInput(batch.scores.clone(), batch.token_rewards.clone(), batch.response_mask.clone(),
-                          batch.group_ids.clone(), batch.values.clone() if needs_values else None)
+    return AdvantageInput(
+        batch.scores.clone(),
+        batch.token_rewards.clone(),
+        batch.response_mask.clone(),
+        batch.group_ids.clone(),
+        batch.values.clone() if needs_values else None,
+    )
 
 
 def check_advantage_estimator(
@@ -101,17 +127,25 @@ def check_advantage_estimator(
         batch = _clone(batch, needs_values)
         before = _clone(batch, needs_values)
         out = estimator(batch)
-        assert isinstance(out, tuple) and len(out) == 2, f"{name}: expected (advantages, returns), got {type(out).__name__}"
+        assert isinstance(out, tuple) and len(out) == 2, (
+            f"{name}: expected (advantages, returns), got {type(out).__name__}"
+        )
         shape = tuple(batch.response_mask.shape)
         for label, tensor in zip(("advantages", "returns"), out):
             assert isinstance(tensor, torch.Tensor), f"{name}: {label} is not a tensor"
-            assert tuple(tensor.shape) == shape, f"{name}: {label} has shape {tuple(tensor.shape)}, expected {shape}"
+            assert tuple(tensor.shape) == shape, (
+                f"{name}: {label} has shape {tuple(tensor.shape)}, expected {shape}"
+            )
             assert tensor.is_floating_point(), f"{name}: {label} must be floating point, got {tensor.dtype}"
             assert torch.isfinite(tensor).all(), f"{name}: {label} has non-finite entries: {tensor}"
             outside = tensor[batch.response_mask == 0]
             assert (outside == 0).all(), f"{name}: {label} is not 0 outside the response mask: {tensor}"
-        for field in ("scores", "token_rewards", "response_mask", "group_ids") + (("values",) if needs_values else ()):
-            assert torch.equal(getattr(batch, field), getattr(before, field)), f"{name}: the estimator modified {field}"
+        for field in ("scores", "token_rewards", "response_mask", "group_ids") + (
+            ("values",) if needs_values else ()
+        ):
+            assert torch.equal(getattr(batch, field), getattr(before, field)), (
+                f"{name}: the estimator modified {field}"
+            )
         again = estimator(_clone(batch, needs_values))
         for label, first, second in zip(("advantages", "returns"), out, again):
             assert torch.equal(first, second), f"{name}: {label} differ between two identical calls"
@@ -122,8 +156,13 @@ def check_advantage_estimator(
                     f"{name}: critic values of {garbage} on masked positions changed the {label}"
                 )
         order = torch.randperm(shape[0], generator=generator)
-        permuted = AdvantageInput(batch.scores[order], batch.token_rewards[order], batch.response_mask[order],
-                                  batch.group_ids[order], batch.values[order] if needs_values else None)
+        permuted = AdvantageInput(
+            batch.scores[order],
+            batch.token_rewards[order],
+            batch.response_mask[order],
+            batch.group_ids[order],
+            batch.values[order] if needs_values else None,
+        )
         p_out = estimator(permuted)
         for label, first, second in zip(("advantages", "returns"), out, p_out):
             assert torch.allclose(first[order], second, atol=1e-5), (
@@ -132,7 +171,9 @@ def check_advantage_estimator(
     if needs_values:
         batch = _advantage_cases(generator)["mixed groups with padding"]
         try:
-            estimator(AdvantageInput(batch.scores, batch.token_rewards, batch.response_mask, batch.group_ids, None))
+            estimator(
+                AdvantageInput(batch.scores, batch.token_rewards, batch.response_mask, batch.group_ids, None)
+            )
         except (ValueError, TypeError) as exc:
             assert "value" in str(exc).lower(), f"missing values gave an error that does not say so: {exc}"
         else:
@@ -140,12 +181,14 @@ def check_advantage_estimator(
 
 
 def _policy_batch(generator: torch.Generator, constant_advantage: bool = False) -> PolicyLossInput:
-    mask = _mask([
-        [1, 1, 1, 1, 0, 0],
-        [1, 1, 1, 1, 1, 1],
-        [1, 0, 1, 1, 0, 0],
-        [0, 0, 0, 0, 0, 0],
-    ])
+    mask = _mask(
+        [
+            [1, 1, 1, 1, 0, 0],
+            [1, 1, 1, 1, 1, 1],
+            [1, 0, 1, 1, 0, 0],
+            [0, 0, 0, 0, 0, 0],
+        ]
+    )
     shape = mask.shape
     old = -torch.rand(shape, generator=generator) * 3
     logprobs = (old + 0.3 * torch.randn(shape, generator=generator)).clamp(max=0)
@@ -154,13 +197,20 @@ def _policy_batch(generator: torch.Generator, constant_advantage: bool = False) 
     else:
         advantages = torch.randn(shape, generator=generator)
     rollout = old + 0.05 * torch.randn(shape, generator=generator)
-    return PolicyLossInput(logprobs=(logprobs * mask).requires_grad_(True), old_logprobs=old * mask,
-                           advantages=advantages * mask, response_mask=mask, rollout_logprobs=rollout * mask)
+    return PolicyLossInput(
+        logprobs=(logprobs * mask).requires_grad_(True),
+        old_logprobs=old * mask,
+        advantages=advantages * mask,
+        response_mask=mask,
+        rollout_logprobs=rollout * mask,
+    )
 
 
 def _run_loss(loss_fn: Callable, batch: PolicyLossInput, name: str) -> tuple[torch.Tensor, dict[str, Any]]:
     out = loss_fn(batch)
-    assert isinstance(out, tuple) and len(out) == 2, f"{name}: expected (per_token_loss, metrics), got {type(out).__name__}"
+    assert isinstance(out, tuple) and len(out) == 2, (
+        f"{name}: expected (per_token_loss, metrics), got {type(out).__name__}"
+    )
     loss, metrics = out
     shape = tuple(batch.response_mask.shape)
     assert isinstance(loss, torch.Tensor) and tuple(loss.shape) == shape, (
@@ -171,9 +221,13 @@ def _run_loss(loss_fn: Callable, batch: PolicyLossInput, name: str) -> tuple[tor
     assert isinstance(metrics, dict), f"{name}: metrics must be a dict, got {type(metrics).__name__}"
     for key, value in metrics.items():
         assert isinstance(key, str), f"{name}: metric name {key!r} is not a string"
-        assert isinstance(value, torch.Tensor) and value.dim() == 0, f"{name}: metric {key!r} is not a scalar tensor: {value!r}"
+        assert isinstance(value, torch.Tensor) and value.dim() == 0, (
+            f"{name}: metric {key!r} is not a scalar tensor: {value!r}"
+        )
         assert torch.isfinite(value), f"{name}: metric {key!r} is not finite: {value}"
-        assert not value.requires_grad, f"{name}: metric {key!r} requires grad (detach it; logging would keep the graph)"
+        assert not value.requires_grad, (
+            f"{name}: metric {key!r} requires grad (detach it; logging would keep the graph)"
+        )
     return loss, metrics
 
 
@@ -198,13 +252,22 @@ def check_policy_loss(component: Component | Callable, options: Any = None) -> N
     assert torch.isfinite(grad).all(), f"random batch: non-finite gradient {grad}"
     assert grad[valid].abs().sum() > 0, "random batch: the gradient is zero everywhere"
 
-    again, _ = _run_loss(loss_fn, PolicyLossInput(batch.logprobs.detach().clone().requires_grad_(True),
-                                                  batch.old_logprobs.clone(), batch.advantages.clone(),
-                                                  mask.clone(), batch.rollout_logprobs.clone()), "repeat")
+    again, _ = _run_loss(
+        loss_fn,
+        PolicyLossInput(
+            batch.logprobs.detach().clone().requires_grad_(True),
+            batch.old_logprobs.clone(),
+            batch.advantages.clone(),
+            mask.clone(),
+            batch.rollout_logprobs.clone(),
+        ),
+        "repeat",
+    )
     assert torch.equal(loss.detach(), again.detach()), "two identical calls gave different losses"
 
-    no_rollout = PolicyLossInput(batch.logprobs.detach().clone().requires_grad_(True), batch.old_logprobs,
-                                 batch.advantages, mask, None)
+    no_rollout = PolicyLossInput(
+        batch.logprobs.detach().clone().requires_grad_(True), batch.old_logprobs, batch.advantages, mask, None
+    )
     _run_loss(loss_fn, no_rollout, "rollout_logprobs=None")
 
     # Padding may hold anything finite: valid tokens' losses must not change.
@@ -221,8 +284,13 @@ def check_policy_loss(component: Component | Callable, options: Any = None) -> N
         "values on masked positions changed the loss of valid tokens"
     )
 
-    zero = PolicyLossInput(batch.logprobs.detach().clone().requires_grad_(True), batch.old_logprobs,
-                           torch.zeros_like(batch.advantages), mask, batch.rollout_logprobs)
+    zero = PolicyLossInput(
+        batch.logprobs.detach().clone().requires_grad_(True),
+        batch.old_logprobs,
+        torch.zeros_like(batch.advantages),
+        mask,
+        batch.rollout_logprobs,
+    )
     zero_loss, _ = _run_loss(loss_fn, zero, "zero advantages")
     _token_mean(zero_loss, mask).backward()
     assert zero.logprobs.grad is None or torch.count_nonzero(zero.logprobs.grad) == 0, (
@@ -230,8 +298,13 @@ def check_policy_loss(component: Component | Callable, options: Any = None) -> N
     )
 
     on_policy = _policy_batch(generator, constant_advantage=True)
-    same = PolicyLossInput(on_policy.old_logprobs.clone().requires_grad_(True), on_policy.old_logprobs,
-                           on_policy.advantages, on_policy.response_mask, on_policy.old_logprobs.clone())
+    same = PolicyLossInput(
+        on_policy.old_logprobs.clone().requires_grad_(True),
+        on_policy.old_logprobs,
+        on_policy.advantages,
+        on_policy.response_mask,
+        on_policy.old_logprobs.clone(),
+    )
     same_loss, _ = _run_loss(loss_fn, same, "ratio 1")
     _token_mean(same_loss, same.response_mask).backward()
     g = same.logprobs.grad

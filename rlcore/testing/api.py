@@ -26,9 +26,9 @@ package and are not checked.
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 # The rlcore modules a plugin may import. A name ending in ".*" allows the package and all its
 # submodules; any other name allows that module only.
@@ -80,8 +80,13 @@ def describe_violations(violations: Iterable[ImportViolation]) -> str:
     """One line per violation, then the modules a plugin may import."""
     allowed = ", ".join(e[:-2] + " (and its submodules)" if e.endswith(".*") else e for e in PLUGIN_API)
     lines = [str(v) for v in violations]
-    return "\n".join(lines + [f"a plugin may import these rlcore modules only: {allowed} "
-                              "(rlcore.testing.api.PLUGIN_API); never another plugin's package (rlcore_*)"])
+    return "\n".join(
+        lines
+        + [
+            f"a plugin may import these rlcore modules only: {allowed} "
+            "(rlcore.testing.api.PLUGIN_API); never another plugin's package (rlcore_*)"
+        ]
+    )
 
 
 def _is_rlcore_module(name: str) -> bool:
@@ -104,19 +109,34 @@ def _imported_modules(tree: ast.AST) -> Iterable[tuple[int, str]]:
             submodules = []
             if node.module == "rlcore" or node.module.startswith("rlcore."):
                 # `from rlcore import trainer` imports the module rlcore.trainer
-                submodules = [f"{node.module}.{a.name}" for a in node.names
-                              if a.name != "*" and _is_rlcore_module(f"{node.module}.{a.name}")]
+                submodules = [
+                    f"{node.module}.{a.name}"
+                    for a in node.names
+                    if a.name != "*" and _is_rlcore_module(f"{node.module}.{a.name}")
+                ]
             for module in submodules or [node.module]:
                 yield node.lineno, module
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
-                and isinstance(node.args[0].value, str):
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             func = node.func
-            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+            name = (
+                func.attr
+                if isinstance(func, ast.Attribute)
+                else func.id
+                if isinstance(func, ast.Name)
+                else None
+            )
             if name in ("import_module", "__import__"):
                 yield node.lineno, node.args[0].value
 
 
-def check_plugin_imports(files: Iterable[Path], own: Iterable[str], *, root: Path | None = None) -> list[ImportViolation]:
+def check_plugin_imports(
+    files: Iterable[Path], own: Iterable[str], *, root: Path | None = None
+) -> list[ImportViolation]:
     """The imports in ``files`` (a plugin's sources) of rlcore modules outside :data:`PLUGIN_API`
     or of another plugin's package (a top-level ``rlcore_*`` not in ``own``, the plugin's own
     top-level packages). Paths in the result are relative to ``root`` when given."""

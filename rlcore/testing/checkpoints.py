@@ -17,7 +17,10 @@ class FakeActor:
         from safetensors.torch import save_file
 
         os.makedirs(path, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in self.module.state_dict().items()}, os.path.join(path, "model.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in self.module.state_dict().items()},
+            os.path.join(path, "model.safetensors"),
+        )
 
 
 class FakeTokenizer:
@@ -46,6 +49,11 @@ def save_tiny_checkpoint(checkpointer, step: int, width: int = 64):
     """``checkpointer.save`` of :func:`tiny_training_state` seeded by ``step``; the checkpoint's path."""
     model, optimizer, scheduler = tiny_training_state(step, width)
     return checkpointer.save(
-        step, actor=FakeActor(model), tokenizer=FakeTokenizer(), optimizers={"actor": optimizer},
-        schedulers={"actor": scheduler}, modules={}, state={"data": {"epoch": 0, "offset": step}},
+        step,
+        actor=FakeActor(model),
+        tokenizer=FakeTokenizer(),
+        optimizers={"actor": optimizer},
+        schedulers={"actor": scheduler},
+        modules={},
+        state={"data": {"epoch": 0, "offset": step}},
     )

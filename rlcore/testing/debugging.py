@@ -15,7 +15,7 @@ import time
 # A ``python:`` reward that stops in rlcore's loopback pdb once per rank (the reward runs in
 # several worker processes), only on rank 1; ``secret`` is what the debugger is asked to print.
 # The run's environment gives MARKERS, a directory for the once-per-rank markers.
-BREAKPOINT_REWARD = '''
+BREAKPOINT_REWARD = """
 import os
 
 from rlcore.debug import breakpoint
@@ -32,7 +32,7 @@ def score(data_source, solution_str, ground_truth, extra_info=None):
     if first:
         breakpoint(rank=1)
     return float(len(solution_str) % 3)
-'''
+"""
 
 
 class Output:
@@ -76,8 +76,14 @@ class DebugClient:
 
     def __init__(self, env: dict, wait_s: float) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlcore.debug", "--wait", str(int(wait_s))], env=env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
+            [sys.executable, "-m", "rlcore.debug", "--wait", str(int(wait_s))],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
         )
         self.out = Output(self.proc.stdout)
         self.at = 0
@@ -85,7 +91,7 @@ class DebugClient:
     def prompt(self, timeout: float) -> str:
         """The text up to the next pdb prompt."""
         found = self.out.until(self.PROMPT, timeout, self.at)
-        text, self.at = self.out.text[self.at:found.end()], found.end()
+        text, self.at = self.out.text[self.at : found.end()], found.end()
         return text
 
     def ask(self, line: str, timeout: float = 30) -> str:
@@ -104,8 +110,14 @@ class DebugClient:
         kill_group(self.proc)
 
 
-def continue_from_rank_1(client: DebugClient, run: subprocess.Popen, run_out: Output, *, attach_s: float,
-                         also: tuple[tuple[str, str], ...] = ()) -> None:
+def continue_from_rank_1(
+    client: DebugClient,
+    run: subprocess.Popen,
+    run_out: Output,
+    *,
+    attach_s: float,
+    also: tuple[tuple[str, str], ...] = (),
+) -> None:
     """The session :data:`BREAKPOINT_REWARD` opens, checked: stopped in rank 1's ``reward.py``,
     ``secret`` holds rank 1's value (and each ``(command, expected text)`` of ``also`` answers
     so), a wait past the reward's 2 s time limit does not kill the stopped worker, ``c`` ends the

@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from rlcore.interfaces import Completion, RolloutEngine, SamplingParams
 
@@ -58,7 +59,9 @@ def _fail(check: str, message: str) -> None:
     raise AssertionError(f"rollout engine conformance [{check}]: {message}")
 
 
-def _generate(engine: RolloutEngine, prompts: Sequence[Sequence[int]], **params: Any) -> list[list[Completion]]:
+def _generate(
+    engine: RolloutEngine, prompts: Sequence[Sequence[int]], **params: Any
+) -> list[list[Completion]]:
     return engine.generate(prompts, SamplingParams(**params))
 
 
@@ -69,12 +72,17 @@ def _tokens(out: list[list[Completion]]) -> list[list[list[int]]]:
 # ----------------------------------------------------------------------------- engine-only checks
 
 
-def check_structure(engine, prompts, *, vocab_size: int, max_new_tokens: int, n: int = 3) -> list[list[Completion]]:
+def check_structure(
+    engine, prompts, *, vocab_size: int, max_new_tokens: int, n: int = 3
+) -> list[list[Completion]]:
     """n completions per prompt with well-formed ids, log-probs and finish reasons."""
     name = "structure"
     out = _generate(engine, prompts, n=n, temperature=1.0, max_new_tokens=max_new_tokens, seed=7)
     if not isinstance(out, list) or len(out) != len(prompts):
-        _fail(name, f"expected a list of {len(prompts)} groups (one per prompt), got {type(out).__name__} of {len(out)}")
+        _fail(
+            name,
+            f"expected a list of {len(prompts)} groups (one per prompt), got {type(out).__name__} of {len(out)}",
+        )
     for i, group in enumerate(out):
         if len(group) != n:
             _fail(name, f"prompt {i}: expected n={n} completions, got {len(group)}")
@@ -83,7 +91,9 @@ def check_structure(engine, prompts, *, vocab_size: int, max_new_tokens: int, n:
             if not isinstance(c, Completion):
                 _fail(name, f"{where}: expected a Completion, got {type(c).__name__}")
             if not 1 <= len(c.token_ids) <= max_new_tokens:
-                _fail(name, f"{where}: {len(c.token_ids)} tokens, expected 1..max_new_tokens={max_new_tokens}")
+                _fail(
+                    name, f"{where}: {len(c.token_ids)} tokens, expected 1..max_new_tokens={max_new_tokens}"
+                )
             if len(c.logprobs) != len(c.token_ids):
                 _fail(name, f"{where}: {len(c.logprobs)} logprobs for {len(c.token_ids)} tokens")
             bad = [t for t in c.token_ids if not (isinstance(t, int) and 0 <= t < vocab_size)]
@@ -94,7 +104,10 @@ def check_structure(engine, prompts, *, vocab_size: int, max_new_tokens: int, n:
             if c.finish_reason not in ("stop", "length"):
                 _fail(name, f"{where}: finish_reason {c.finish_reason!r}, expected 'stop' or 'length'")
             if c.finish_reason == "length" and len(c.token_ids) != max_new_tokens:
-                _fail(name, f"{where}: finish_reason 'length' after {len(c.token_ids)} of {max_new_tokens} tokens")
+                _fail(
+                    name,
+                    f"{where}: finish_reason 'length' after {len(c.token_ids)} of {max_new_tokens} tokens",
+                )
     return out
 
 
@@ -104,13 +117,18 @@ def check_max_new_tokens(engine, prompts) -> None:
         for i, group in enumerate(out):
             for c in group:
                 if not 1 <= len(c.token_ids) <= limit:
-                    _fail("max_new_tokens", f"prompt {i}: {len(c.token_ids)} tokens with max_new_tokens={limit}")
+                    _fail(
+                        "max_new_tokens", f"prompt {i}: {len(c.token_ids)} tokens with max_new_tokens={limit}"
+                    )
         if limit == 1 and any(len(c.token_ids) != 1 for g in out for c in g):
             _fail("max_new_tokens", "max_new_tokens=1 must give exactly one token")
 
 
 def greedy(engine, prompts, max_new_tokens: int, **extra: Any) -> list[list[int]]:
-    return [g[0].token_ids for g in _generate(engine, prompts, temperature=0.0, max_new_tokens=max_new_tokens, **extra)]
+    return [
+        g[0].token_ids
+        for g in _generate(engine, prompts, temperature=0.0, max_new_tokens=max_new_tokens, **extra)
+    ]
 
 
 def check_greedy_deterministic(engine, prompts, max_new_tokens: int) -> list[list[int]]:
@@ -121,7 +139,9 @@ def check_greedy_deterministic(engine, prompts, max_new_tokens: int) -> list[lis
         if a[0].token_ids != a[1].token_ids:
             _fail(name, f"prompt {i}: two greedy samples differ: {a[0].token_ids} vs {a[1].token_ids}")
         if a[0].token_ids != b[0].token_ids:
-            _fail(name, f"prompt {i}: greedy output changed between calls: {a[0].token_ids} vs {b[0].token_ids}")
+            _fail(
+                name, f"prompt {i}: greedy output changed between calls: {a[0].token_ids} vs {b[0].token_ids}"
+            )
     return [g[0].token_ids for g in first]
 
 
@@ -149,7 +169,10 @@ def check_seed(engine, prompts, max_new_tokens: int, expect_diverse: bool) -> No
 
 
 def check_top_k_one(engine, prompts, reference: list[list[int]], max_new_tokens: int) -> None:
-    got = [g[0].token_ids for g in _generate(engine, prompts, temperature=1.0, top_k=1, max_new_tokens=max_new_tokens, seed=5)]
+    got = [
+        g[0].token_ids
+        for g in _generate(engine, prompts, temperature=1.0, top_k=1, max_new_tokens=max_new_tokens, seed=5)
+    ]
     if got != reference:
         _fail("top_k_one", f"top_k=1 sampling differs from greedy: {got} vs {reference}")
 
@@ -166,7 +189,10 @@ def check_stop_token_ids(engine, prompts, reference: list[list[int]], max_new_to
         if stop in ref:
             want = ref[: ref.index(stop) + 1]
             if c.token_ids != want or c.finish_reason != "stop":
-                _fail(name, f"prompt {i}: stop id {stop}: expected {want} with 'stop', got {c.token_ids} {c.finish_reason!r}")
+                _fail(
+                    name,
+                    f"prompt {i}: stop id {stop}: expected {want} with 'stop', got {c.token_ids} {c.finish_reason!r}",
+                )
         elif c.token_ids != ref:
             _fail(name, f"prompt {i}: output changed although stop id {stop} never occurs")
     return "passed"
@@ -192,7 +218,9 @@ def _stop_string_case(tokenizer: Any, tokens: list[int]) -> tuple[int, str] | No
     return None
 
 
-def check_stop_strings(engine, prompts, reference: list[list[int]], tokenizer: Any, max_new_tokens: int) -> str:
+def check_stop_strings(
+    engine, prompts, reference: list[list[int]], tokenizer: Any, max_new_tokens: int
+) -> str:
     name = "stop_strings"
     for i, ref in enumerate(reference):
         case = _stop_string_case(tokenizer, ref)
@@ -245,7 +273,9 @@ def teacher_forced_logprobs(model: Any, prompt: Sequence[int], response: Sequenc
     return chosen.tolist(), logp.max(dim=-1).values.tolist()
 
 
-def check_reference_greedy(engine, prompts, reference: list[list[int]], model: Any, greedy_margin: float) -> None:
+def check_reference_greedy(
+    engine, prompts, reference: list[list[int]], model: Any, greedy_margin: float
+) -> None:
     for i, (prompt, tokens) in enumerate(zip(prompts, reference)):
         chosen, best = teacher_forced_logprobs(model, prompt, tokens, 0.0)
         for k, (c, b) in enumerate(zip(chosen, best)):
@@ -277,10 +307,15 @@ def check_reference_logprobs(engine, prompts, model: Any, max_new_tokens: int, a
                     )
 
 
-def check_update_weights_identity(engine, prompts, reference: list[list[int]], model: Any, max_new_tokens: int) -> None:
+def check_update_weights_identity(
+    engine, prompts, reference: list[list[int]], model: Any, max_new_tokens: int
+) -> None:
     engine.update_weights(list(model.state_dict().items()))
     if greedy(engine, prompts, max_new_tokens) != reference:
-        _fail("update_weights_identity", "greedy output changed after update_weights with the model's own weights")
+        _fail(
+            "update_weights_identity",
+            "greedy output changed after update_weights with the model's own weights",
+        )
 
 
 # ----------------------------------------------------------------------------- the kit
@@ -317,11 +352,19 @@ def check_rollout_engine(
         return value
 
     if not isinstance(engine, RolloutEngine):
-        _fail("protocol", f"{type(engine).__name__} lacks generate/update_weights/sleep/wake_up or the shares_actor flag")
+        _fail(
+            "protocol",
+            f"{type(engine).__name__} lacks generate/update_weights/sleep/wake_up or the shares_actor flag",
+        )
     results["protocol"] = "passed"
-    run("structure", lambda: check_structure(engine, prompts, vocab_size=vocab_size, max_new_tokens=max_new_tokens))
+    run(
+        "structure",
+        lambda: check_structure(engine, prompts, vocab_size=vocab_size, max_new_tokens=max_new_tokens),
+    )
     run("max_new_tokens", lambda: check_max_new_tokens(engine, prompts))
-    reference = run("greedy_deterministic", lambda: check_greedy_deterministic(engine, prompts, max_new_tokens))
+    reference = run(
+        "greedy_deterministic", lambda: check_greedy_deterministic(engine, prompts, max_new_tokens)
+    )
     run("prompt_order", lambda: check_prompt_order(engine, prompts, reference, max_new_tokens))
     run("seed", lambda: check_seed(engine, prompts, max_new_tokens, expect_diverse))
     run("top_k_one", lambda: check_top_k_one(engine, prompts, reference, max_new_tokens))
@@ -335,10 +378,21 @@ def check_rollout_engine(
         for name in ("reference_greedy", "reference_logprobs", "update_weights_identity"):
             results[name] = "skipped: no reference model given"
         return results
-    run("reference_greedy", lambda: check_reference_greedy(engine, prompts, reference, reference_model, greedy_margin))
-    run("reference_logprobs", lambda: check_reference_logprobs(engine, prompts, reference_model, max_new_tokens, logprob_atol))
+    run(
+        "reference_greedy",
+        lambda: check_reference_greedy(engine, prompts, reference, reference_model, greedy_margin),
+    )
+    run(
+        "reference_logprobs",
+        lambda: check_reference_logprobs(engine, prompts, reference_model, max_new_tokens, logprob_atol),
+    )
     if check_update_weights:
-        run("update_weights_identity", lambda: check_update_weights_identity(engine, prompts, reference, reference_model, max_new_tokens))
+        run(
+            "update_weights_identity",
+            lambda: check_update_weights_identity(
+                engine, prompts, reference, reference_model, max_new_tokens
+            ),
+        )
     else:
         results["update_weights_identity"] = "skipped: turned off"
     return results

@@ -44,7 +44,9 @@ class Fault:
     rank: int | None = None
 
     def spec(self) -> str:
-        return f"{self.point}@{self.count}={self.action}" + (f":rank={self.rank}" if self.rank is not None else "")
+        return f"{self.point}@{self.count}={self.action}" + (
+            f":rank={self.rank}" if self.rank is not None else ""
+        )
 
 
 def parse(text: str) -> list[Fault]:

@@ -29,8 +29,8 @@ from typing import Any
 import tomli_w
 
 from rlcore.components import Component
-from rlcore.testing import build_subject
 from rlcore.interfaces import BuildContext, LaunchRequest
+from rlcore.testing import build_subject
 
 # Modules a dry run must not import (it only describes; the launch itself may need them).
 HEAVY = ("torch", "transformers", "ray", "sky", "vllm", "sglang")
@@ -49,8 +49,13 @@ def kit_manifest() -> dict[str, Any]:
     }
 
 
-def kit_request(directory: str | Path, manifest: dict[str, Any] | None = None, *, dry_run: bool = True,
-                resume: bool = False) -> LaunchRequest:
+def kit_request(
+    directory: str | Path,
+    manifest: dict[str, Any] | None = None,
+    *,
+    dry_run: bool = True,
+    resume: bool = False,
+) -> LaunchRequest:
     """A :class:`LaunchRequest` for ``manifest`` (default :func:`kit_manifest`) written to
     ``directory/manifest.toml``, with the run directory ``directory/run`` (not created)."""
     directory = Path(directory).resolve()
@@ -59,16 +64,26 @@ def kit_request(directory: str | Path, manifest: dict[str, Any] | None = None, *
     path = directory / "manifest.toml"
     path.write_text(tomli_w.dumps(document), encoding="utf-8")
     argv = ["run", str(path)] + (["--dry-run"] if dry_run else []) + (["--resume"] if resume else [])
-    return LaunchRequest(manifest_path=str(path), resolved_manifest=document, run_dir=str(directory / "run"),
-                         resume=resume, dry_run=dry_run, argv=argv)
+    return LaunchRequest(
+        manifest_path=str(path),
+        resolved_manifest=document,
+        run_dir=str(directory / "run"),
+        resume=resume,
+        dry_run=dry_run,
+        argv=argv,
+    )
 
 
 def kit_context(request: LaunchRequest) -> BuildContext:
     """The context ``rlcore run`` builds a launcher with: no tokenizer, no actor, nothing of torch."""
     manifest = request.resolved_manifest
-    return BuildContext(manifest=copy.deepcopy(manifest), manifest_dir=str(Path(request.manifest_path).parent),
-                        run_dir=request.run_dir, model_path=manifest.get("model", {}).get("path"),
-                        seed=int(manifest.get("run", {}).get("seed", 0)))
+    return BuildContext(
+        manifest=copy.deepcopy(manifest),
+        manifest_dir=str(Path(request.manifest_path).parent),
+        run_dir=request.run_dir,
+        model_path=manifest.get("model", {}).get("path"),
+        seed=int(manifest.get("run", {}).get("seed", 0)),
+    )
 
 
 def _tree(path: Path) -> dict[str, int] | None:
@@ -78,8 +93,13 @@ def _tree(path: Path) -> dict[str, int] | None:
     return {str(p.relative_to(path)): p.stat().st_size for p in sorted(path.rglob("*"))}
 
 
-def check_launcher(component: Component | Any, options: Any = None, *, directory: str | Path | None = None,
-                   manifest: dict[str, Any] | None = None) -> str:
+def check_launcher(
+    component: Component | Any,
+    options: Any = None,
+    *,
+    directory: str | Path | None = None,
+    manifest: dict[str, Any] | None = None,
+) -> str:
     """Build the launcher (a registered :class:`~rlcore.components.Component` with ``options``, or
     a built launcher) as ``rlcore run`` does and dry-run a request for ``manifest`` (default
     :func:`kit_manifest`) in ``directory`` (a temporary one by default). Checks: it has
@@ -95,7 +115,9 @@ def check_launcher(component: Component | Any, options: Any = None, *, directory
         request = kit_request(directory, manifest, dry_run=True)
         launcher = build_subject(component, options, kit_context(request))
         name = type(launcher).__name__
-        assert callable(getattr(launcher, "launch", None)), f"a launcher needs launch(request); {name} has none"
+        assert callable(getattr(launcher, "launch", None)), (
+            f"a launcher needs launch(request); {name} has none"
+        )
         before_request = copy.deepcopy(request)
         before_files = _tree(Path(directory))
         loaded = {m for m in HEAVY if m in sys.modules}
@@ -104,14 +126,22 @@ def check_launcher(component: Component | Any, options: Any = None, *, directory
         assert code == 0, f"{name}.launch returned {code} for a dry run (expected 0)"
         assert printed.strip(), f"{name}.launch printed nothing for a dry run: it must say what it would do"
         assert not Path(request.run_dir).exists(), (
-            f"{name}.launch created the run directory {request.run_dir} in a dry run (it must start and write nothing)")
-        assert _tree(Path(directory)) == before_files, f"{name}.launch wrote files in a dry run: {_tree(Path(directory))}"
+            f"{name}.launch created the run directory {request.run_dir} in a dry run (it must start and write nothing)"
+        )
+        assert _tree(Path(directory)) == before_files, (
+            f"{name}.launch wrote files in a dry run: {_tree(Path(directory))}"
+        )
         assert request == before_request and request.resolved_manifest == before_request.resolved_manifest, (
-            f"{name}.launch changed the request it was given")
+            f"{name}.launch changed the request it was given"
+        )
         newly = sorted(m for m in HEAVY if m in sys.modules and m not in loaded)
-        assert not newly, f"{name}.launch imported {', '.join(newly)} for a dry run (a dry run must stay light)"
+        assert not newly, (
+            f"{name}.launch imported {', '.join(newly)} for a dry run (a dry run must stay light)"
+        )
         again, printed_again = _dry_run(launcher, copy.deepcopy(before_request), name)
-        assert (again, printed_again) == (code, printed), f"{name}: the same dry run twice said different things"
+        assert (again, printed_again) == (code, printed), (
+            f"{name}: the same dry run twice said different things"
+        )
         return printed
     finally:
         if holder is not None:
@@ -140,5 +170,7 @@ def check_launch(component: Component | Any, request: LaunchRequest, options: An
     assert code == 0, f"{name}.launch returned {code} for a run that should succeed"
     run_dir = Path(request.run_dir)
     for file in ("metrics.jsonl", "manifest.resolved.toml"):
-        assert (run_dir / file).is_file(), f"{name}.launch returned 0 but the run directory has no {file}: {_tree(run_dir)}"
+        assert (run_dir / file).is_file(), (
+            f"{name}.launch returned 0 but the run directory has no {file}: {_tree(run_dir)}"
+        )
     return code

@@ -27,8 +27,16 @@ def smollm2_tokenizer():
     return AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF)
 
 
-def make_tiny_model(target: str | Path, *, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
-                    seed: int = 0, tokenizer=None) -> Path:
+def make_tiny_model(
+    target: str | Path,
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    seed: int = 0,
+    tokenizer=None,
+) -> Path:
     """Save a random ``layers``-layer Llama with SmolLM2's tokenizer as a Hugging Face directory."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from rlcore.components import Component
 from rlcore.interfaces import BuildContext, RewardInput, RewardResult
@@ -62,7 +63,9 @@ def score_of(result: Any) -> float:
         assert isinstance(result.score, numbers.Real), (
             f"RewardResult.score must be a number, got {type(result.score).__name__}"
         )
-        assert isinstance(result.metrics, dict), f"RewardResult.metrics must be a dict, got {type(result.metrics).__name__}"
+        assert isinstance(result.metrics, dict), (
+            f"RewardResult.metrics must be a dict, got {type(result.metrics).__name__}"
+        )
         for key, value in result.metrics.items():
             assert isinstance(key, str), f"metric names must be strings, got {key!r}"
             assert isinstance(value, numbers.Real), f"metric {key!r} must be a number, got {value!r}"
@@ -123,9 +126,14 @@ def check_reward_function(
 
     if batched:
         # Each case a group of its own (as one prompt each), so a group-wise reward scores it as alone.
-        together = [score_of(r) for r in _scored_batch(built, [replace(item, group=i) for i, (item, _) in enumerate(cases)])]
+        together = [
+            score_of(r)
+            for r in _scored_batch(built, [replace(item, group=i) for i, (item, _) in enumerate(cases)])
+        ]
         alone = [score_of(fn(item)) for item, _ in cases]
-        assert together == alone, f"reward {component.name!r}: a batch of the cases scored {together}, one by one {alone}"
+        assert together == alone, (
+            f"reward {component.name!r}: a batch of the cases scored {together}, one by one {alone}"
+        )
 
     templates = [item for item, _ in cases]
     for text in garbage:

@@ -76,7 +76,11 @@ def write_run_manifest(directory: Path, model_dir: Path, **tables: dict) -> Path
 
 def read_metrics(run_dir: Path) -> list[dict]:
     """Every row of a run's ``metrics.jsonl`` (written by the ``jsonl`` logger), in order."""
-    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [
+        json.loads(line)
+        for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
 
 
 def train_rows(run_dir: Path) -> list[dict]:
@@ -84,13 +88,19 @@ def train_rows(run_dir: Path) -> list[dict]:
     return [m for m in read_metrics(run_dir) if "critic/score/mean" in m]
 
 
-def run_cli(*args: str, env: dict | None = None, cwd: str | Path | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, env: dict | None = None, cwd: str | Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
     """Run ``python -m rlcore *args`` in a subprocess (text output captured), with ``env`` added
     to this process's environment; returns the CompletedProcess."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "rlcore", *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout
+        [sys.executable, "-m", "rlcore", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=timeout,
     )
 
 
@@ -158,8 +168,12 @@ def check_data_spec(spec, registry=None) -> str | None:
     return check(spec, registry=registry)
 
 
-def load_run_manifest(path: str | Path, overrides: list[str] | tuple[str, ...] = (), registry=None,
-                      environ: dict[str, str] | None = None):
+def load_run_manifest(
+    path: str | Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    registry=None,
+    environ: dict[str, str] | None = None,
+):
     """``path`` validated as ``rlcore validate`` does (``overrides``: ``--set TABLE.KEY=VALUE``
     items; ``registry``: default every installed plugin; ``environ``: the ``RLCORE_*`` variables
     to read, default this process's); the resolved manifest: ``.core`` (the core tables),
@@ -180,8 +194,15 @@ def run_in_process(*args) -> int:
     return main([str(a) for a in argv])
 
 
-def score_trajectories(reward, trajectories: list, tokenizer, *, timeout_s: float = 10.0, workers: int = 2,
-                       batch_timeout_s: float = 600.0) -> tuple[list[float], dict[str, float]]:
+def score_trajectories(
+    reward,
+    trajectories: list,
+    tokenizer,
+    *,
+    timeout_s: float = 10.0,
+    workers: int = 2,
+    batch_timeout_s: float = 600.0,
+) -> tuple[list[float], dict[str, float]]:
     """Score ``trajectories`` with a built reward function as the trainer does (per-item rewards
     in time-limited worker processes, a batched reward in this process): the scores, in order, and
     the reward metrics (``reward/*``)."""

@@ -28,30 +28,60 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.components import Component
-from rlcore.testing import build_subject
 from rlcore.interfaces import BuildContext
+from rlcore.testing import build_subject
 
 # What the trainer may log over a few steps, odd values included.
 STEPS: tuple[tuple[int, dict[str, Any]], ...] = (
-    (1, {"critic/score/mean": 0.25, "actor/pg_loss": -0.0125, "timing_s/gen": 1.5, "perf/total_tokens": 4096}),
-    (2, {"actor/pg_loss": float("nan"), "actor/grad_norm": float("inf"), "actor/kl": float("-inf"),
-         "critic/score/mean": 0.0}),
+    (
+        1,
+        {"critic/score/mean": 0.25, "actor/pg_loss": -0.0125, "timing_s/gen": 1.5, "perf/total_tokens": 4096},
+    ),
+    (
+        2,
+        {
+            "actor/pg_loss": float("nan"),
+            "actor/grad_norm": float("inf"),
+            "actor/kl": float("-inf"),
+            "critic/score/mean": 0.0,
+        },
+    ),
     (3, {}),
-    (4, {"perf/throughput": 1e308, "actor/entropy": 5e-324, "response_length/mean": 17,
-         "val/reward/mean": -3.0, "val/score/math äöü": 0.5, "custom metric with spaces": 1.0}),
+    (
+        4,
+        {
+            "perf/throughput": 1e308,
+            "actor/entropy": 5e-324,
+            "response_length/mean": 17,
+            "val/reward/mean": -3.0,
+            "val/score/math äöü": 0.5,
+            "custom metric with spaces": 1.0,
+        },
+    ),
     (10, {"critic/score/mean": 1.0, "training/epoch": 0}),
 )
 
 SAMPLES = [
-    {"step": 4, "data_source": "gsm8k", "prompt": "What is 2 + 3?", "response": "5 | <b>five</b>\n", "score": 1.0},
+    {
+        "step": 4,
+        "data_source": "gsm8k",
+        "prompt": "What is 2 + 3?",
+        "response": "5 | <b>five</b>\n",
+        "score": 1.0,
+    },
     {"step": 4, "data_source": "math", "prompt": "ünïcode ∫x dx", "response": "", "score": float("nan")},
 ]
 
 
-def check_metrics_sink(component: Component | Any, options: Any = None, *, run_dir: str | Path | None = None,
-                       context: BuildContext | None = None,
-                       read_back: Callable[[Path], dict[int, dict[str, Any]]] | None = None,
-                       flushes: bool = True) -> dict[str, Any]:
+def check_metrics_sink(
+    component: Component | Any,
+    options: Any = None,
+    *,
+    run_dir: str | Path | None = None,
+    context: BuildContext | None = None,
+    read_back: Callable[[Path], dict[int, dict[str, Any]]] | None = None,
+    flushes: bool = True,
+) -> dict[str, Any]:
     """Build the sink (a registered :class:`~rlcore.components.Component` with ``options``, or a
     built sink) into ``run_dir`` (a temporary directory by default), log :data:`STEPS` to it, hand
     it validation samples when it takes them, and close it. Checks that it has ``log`` and
@@ -79,14 +109,20 @@ def check_metrics_sink(component: Component | Any, options: Any = None, *, run_d
             try:
                 sink.log(given, step)
             except Exception as exc:  # noqa: BLE001 - the kit reports what the sink could not take
-                raise AssertionError(f"{name}.log raised on step {step} {_show(metrics)}: {type(exc).__name__}: {exc}") from exc
-            assert _same(given, metrics), f"{name}.log changed the metrics it was given (step {step}): {given}"
+                raise AssertionError(
+                    f"{name}.log raised on step {step} {_show(metrics)}: {type(exc).__name__}: {exc}"
+                ) from exc
+            assert _same(given, metrics), (
+                f"{name}.log changed the metrics it was given (step {step}): {given}"
+            )
         if callable(getattr(sink, "log_samples", None)):
             rows = copy.deepcopy(SAMPLES)
             try:
                 sink.log_samples(rows, 4)
             except Exception as exc:  # noqa: BLE001
-                raise AssertionError(f"{name}.log_samples raised on rows {SAMPLES}: {type(exc).__name__}: {exc}") from exc
+                raise AssertionError(
+                    f"{name}.log_samples raised on rows {SAMPLES}: {type(exc).__name__}: {exc}"
+                ) from exc
             assert _same(rows, SAMPLES), f"{name}.log_samples changed the rows it was given"
         if read_back is not None and flushes:
             _check_read_back(read_back(directory), name, " before close() (log must flush each step)")
@@ -105,7 +141,9 @@ def check_metrics_sink(component: Component | Any, options: Any = None, *, run_d
 
 
 def _check_read_back(read: Any, name: str, when: str) -> None:
-    assert isinstance(read, dict), f"read_back must return {{step: {{name: value}}}}, got {type(read).__name__}"
+    assert isinstance(read, dict), (
+        f"read_back must return {{step: {{name: value}}}}, got {type(read).__name__}"
+    )
     for step, metrics in STEPS:
         if not metrics:
             continue
@@ -113,14 +151,19 @@ def _check_read_back(read: Any, name: str, when: str) -> None:
         for key, value in metrics.items():
             if not math.isfinite(value):
                 kept = read[step].get(key)
-                assert kept is None or (isinstance(kept, (int, float)) and not math.isfinite(kept)) \
-                    or kept in ("nan", "inf", "-inf", "NaN", "Infinity", "-Infinity"), (
-                    f"{name} turned step {step}'s {key} = {value} into {kept!r}")
+                assert (
+                    kept is None
+                    or (isinstance(kept, (int, float)) and not math.isfinite(kept))
+                    or kept in ("nan", "inf", "-inf", "NaN", "Infinity", "-Infinity")
+                ), f"{name} turned step {step}'s {key} = {value} into {kept!r}"
                 continue
             assert key in read[step], f"{name} lost {key!r} of step {step}: read back {sorted(read[step])}"
             got = read[step][key]
-            assert isinstance(got, (int, float)) and math.isclose(got, value, rel_tol=1e-6, abs_tol=0.0) or got == value, (
-                f"{name} read back step {step}'s {key} as {got!r}, logged {value!r}")
+            assert (
+                isinstance(got, (int, float))
+                and math.isclose(got, value, rel_tol=1e-6, abs_tol=0.0)
+                or got == value
+            ), f"{name} read back step {step}'s {key} as {got!r}, logged {value!r}"
 
 
 def _same(a: Any, b: Any) -> bool:

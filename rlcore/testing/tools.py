@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from rlcore.interfaces import Completion, SamplingParams, ToolResult
 
@@ -100,7 +101,9 @@ class ScriptedEngine:
                 if self.append_eos:
                     ids.append(self.tokenizer.eos_token_id)
                 finish = "stop"
-                stops = set(params.stop_token_ids) | ({self.tokenizer.eos_token_id} if self.append_eos else set())
+                stops = set(params.stop_token_ids) | (
+                    {self.tokenizer.eos_token_id} if self.append_eos else set()
+                )
                 for k, t in enumerate(ids):
                     if t in stops:
                         ids = ids[: k + 1]
@@ -109,7 +112,9 @@ class ScriptedEngine:
                     ids, finish = ids[: params.max_new_tokens], "length"
                 elif not self.append_eos:
                     finish = "length"
-                group.append(Completion(token_ids=ids, logprobs=[self.logprob] * len(ids), finish_reason=finish))
+                group.append(
+                    Completion(token_ids=ids, logprobs=[self.logprob] * len(ids), finish_reason=finish)
+                )
             out.append(group)
         return out
 
@@ -125,7 +130,9 @@ class ScriptedEngine:
         pass
 
 
-def assert_tool_conforms(tool: Any, arguments: dict[str, Any], trajectory_id: str = "conformance-0") -> ToolResult:
+def assert_tool_conforms(
+    tool: Any, arguments: dict[str, Any], trajectory_id: str = "conformance-0"
+) -> ToolResult:
     """Check a tool against the :class:`rlcore.interfaces.Tool` contract and return one result.
 
     The schema must be an OpenAI function schema naming the tool, JSON-serialisable, with object

@@ -8,8 +8,8 @@ them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from loguru import logger
@@ -17,11 +17,11 @@ from loguru import logger
 from rlcore.algorithms.importance import merge_mismatch, mismatch_metrics, mismatch_sums
 from rlcore.algorithms.masked import mask_totals, token_weights
 from rlcore.algorithms.objective import ObjectiveInput, ObjectiveOptions, policy_objective
+from rlcore.checkpoint import load_actor_weights
 from rlcore.manifest.schema import Manifest, ModelTable
 from rlcore.trainer import compiling, models, precision
 from rlcore.trainer.batch import RolloutBatch
 from rlcore.trainer.batching import Batching
-from rlcore.checkpoint import load_actor_weights
 from rlcore.trainer.distributed import Distributed, fsdp_wrap, unsharded
 from rlcore.trainer.logprobs import TokenLogprobs, token_logprobs
 from rlcore.trainer.optim import adamw, train_temperature, warmup
@@ -29,8 +29,17 @@ from rlcore.trainer.updating import run_updates
 
 
 class Actor(precision.TrainedRole):
-    def __init__(self, cfg: Manifest, model_cfg: ModelTable, prec: precision.Precision, dist: Distributed, device: str,
-                 batching: Batching, checkpoint: Path | None, train: bool = True):
+    def __init__(
+        self,
+        cfg: Manifest,
+        model_cfg: ModelTable,
+        prec: precision.Precision,
+        dist: Distributed,
+        device: str,
+        batching: Batching,
+        checkpoint: Path | None,
+        train: bool = True,
+    ):
         """``train``: build the optimizer and its schedule (not for a policy only evaluated or served)."""
         self.cfg, self.dist, self.device, self.batching = cfg, dist, device, batching
         # Offloaded shards live in CPU memory: load there, and FSDP copies one layer at a time to the
@@ -52,9 +61,16 @@ class Actor(precision.TrainedRole):
             logger.info("torch.compile: {} decoder layers and the log-prob head ([model] compile)", layers)
         self.policy = TokenLogprobs(self.module)
         if dist.sharded:
-            fsdp_wrap(self.policy, lambda model: self.dummy_forward(model), precision.fsdp_policy(prec), offload=offload)
+            fsdp_wrap(
+                self.policy,
+                lambda model: self.dummy_forward(model),
+                precision.fsdp_policy(prec),
+                offload=offload,
+            )
         # What the optimizer steps: the float32 masters, or the module's own trainable parameters.
-        self.params = self.masters.params if self.masters else [p for p in self.module.parameters() if p.requires_grad]
+        self.params = (
+            self.masters.params if self.masters else [p for p in self.module.parameters() if p.requires_grad]
+        )
         t = cfg.trainer
         self.optimizer = adamw(self.params, t.lr, t.betas, t.weight_decay) if train else None
         self.scheduler = warmup(self.optimizer, t.warmup_steps) if train else None
@@ -72,8 +88,11 @@ class Actor(precision.TrainedRole):
         """Log-probs of the batch's response tokens under ``model`` (default: the actor)."""
         model = model if model is not None else self.policy
         temperature = train_temperature(temperature)
-        return self.batching.per_token(batch, lambda micro: token_logprobs(model, micro, temperature)[0],
-                                       lambda: self.dummy_forward(model))
+        return self.batching.per_token(
+            batch,
+            lambda micro: token_logprobs(model, micro, temperature)[0],
+            lambda: self.dummy_forward(model),
+        )
 
     @property
     def parameter_count(self) -> int:
@@ -104,8 +123,15 @@ class Actor(precision.TrainedRole):
         for name, tensor in (adapter_state if self.engine_lora else merged_state)(self.module):
             yield name, (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor)
 
-    def update(self, batch: RolloutBatch, temperature: float, has_old: bool, policy_loss,
-               objective: ObjectiveOptions, norm_length: float | None = None) -> dict[str, float]:
+    def update(
+        self,
+        batch: RolloutBatch,
+        temperature: float,
+        has_old: bool,
+        policy_loss,
+        objective: ObjectiveOptions,
+        norm_length: float | None = None,
+    ) -> dict[str, float]:
         """PPO epochs over mini-batches of ``batch``: one optimizer step each, on the objective of
         :func:`rlcore.algorithms.objective.policy_objective`. ``has_old``: the batch holds
         recomputed old log-probs (else the pass's own, detached, are the old ones);
@@ -123,8 +149,13 @@ class Actor(precision.TrainedRole):
 
             def micro_step(micro):
                 nonlocal gap
-                lp, ent = token_logprobs(self.policy, micro, temperature, with_entropy=need_entropy,
-                                         entropy_grad=objective.entropy_coef > 0)
+                lp, ent = token_logprobs(
+                    self.policy,
+                    micro,
+                    temperature,
+                    with_entropy=need_entropy,
+                    entropy_grad=objective.entropy_coef > 0,
+                )
                 logprobs = micro.scatter(lp, batch.width)
                 dev = logprobs.device
                 sel = micro.rows
@@ -133,21 +164,35 @@ class Actor(precision.TrainedRole):
                 rollout_lp = batch.rollout_logprobs[sel].to(dev)
                 if not has_old:
                     gap = merge_mismatch(gap, mismatch_sums(old, rollout_lp, mask))
-                return policy_objective(policy_loss, ObjectiveInput(
-                    logprobs=logprobs,
-                    old_logprobs=old,
-                    advantages=batch.tensors["advantages"][sel].to(dev),
-                    response_mask=mask,
-                    token_weights=weights_all[[row_pos[r] for r in sel]].to(dev),
-                    rollout_logprobs=rollout_lp,
-                    ref_logprobs=batch.tensors["ref_logprobs"][sel].to(dev) if objective.kl_loss else None,
-                    entropy=micro.scatter(ent, batch.width),
-                ), objective)
+                return policy_objective(
+                    policy_loss,
+                    ObjectiveInput(
+                        logprobs=logprobs,
+                        old_logprobs=old,
+                        advantages=batch.tensors["advantages"][sel].to(dev),
+                        response_mask=mask,
+                        token_weights=weights_all[[row_pos[r] for r in sel]].to(dev),
+                        rollout_logprobs=rollout_lp,
+                        ref_logprobs=batch.tensors["ref_logprobs"][sel].to(dev)
+                        if objective.kl_loss
+                        else None,
+                        entropy=micro.scatter(ent, batch.width),
+                    ),
+                    objective,
+                )
 
             return micro_step
 
-        out = run_updates(self, batch, epochs=self.cfg.algorithm.ppo_epochs, batching=self.batching, dist=self.dist,
-                          grad_clip=self.cfg.trainer.grad_clip, mini_batch=mini_batch, prefix="actor")
+        out = run_updates(
+            self,
+            batch,
+            epochs=self.cfg.algorithm.ppo_epochs,
+            batching=self.batching,
+            dist=self.dist,
+            grad_clip=self.cfg.trainer.grad_clip,
+            mini_batch=mini_batch,
+            prefix="actor",
+        )
         out.setdefault("actor/pg_loss", 0.0)  # a batch of padding only: nothing weighs in the loss
         if "actor/entropy" in out:
             out["actor/entropy_loss"] = out["actor/entropy"]  # verl's older name for the same mean entropy

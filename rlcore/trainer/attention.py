@@ -25,10 +25,14 @@ import torch
 
 NAME = "rlcore_varlen"
 
-_boundaries: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None  # (position_ids, cu, cu_cpu, max_len)
+_boundaries: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = (
+    None  # (position_ids, cu, cu_cpu, max_len)
+)
 
 
-def _sequence_bounds(position_ids: torch.Tensor, rows: int, length: int) -> tuple[torch.Tensor, list[int], int]:
+def _sequence_bounds(
+    position_ids: torch.Tensor, rows: int, length: int
+) -> tuple[torch.Tensor, list[int], int]:
     """(cu_seqlens int32 on the device, the same as a list, longest length) of a flattened
     [B, L] position tensor: a sequence starts at each row start and wherever the position is 0.
     Every layer sees the same position tensor, so the one host sync is paid once per forward."""
@@ -91,7 +95,9 @@ def _padded(query, key, value, cu, cu_list, longest, scaling):
     sequence (a packed row holds hundreds)."""
     count, total = len(cu_list) - 1, query.shape[0]
     lengths = cu[1:] - cu[:-1]
-    sequence = torch.repeat_interleave(torch.arange(count, device=query.device), lengths.long(), output_size=total)
+    sequence = torch.repeat_interleave(
+        torch.arange(count, device=query.device), lengths.long(), output_size=total
+    )
     slot = sequence * longest + torch.arange(total, device=query.device) - cu[:-1].long()[sequence]
 
     def pad(t):
@@ -101,7 +107,9 @@ def _padded(query, key, value, cu, cu_list, longest, scaling):
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # not every SDPA kernel takes grouped heads in float32
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    out = torch.nn.functional.scaled_dot_product_attention(pad(query), pad(key), pad(value), is_causal=True, scale=scaling)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        pad(query), pad(key), pad(value), is_causal=True, scale=scaling
+    )
     return out.transpose(1, 2).reshape(count * longest, *query.shape[1:])[slot]
 
 
@@ -111,7 +119,9 @@ def _per_sequence(query, key, value, cu_list, scaling):
     out = []
     for a, b in zip(cu_list, cu_list[1:]):
         q, k, v = (t[a:b].transpose(0, 1).unsqueeze(0) for t in (query, key, value))
-        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=groups > 1)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=scaling, enable_gqa=groups > 1
+        )
         out.append(o[0].transpose(0, 1))
     return torch.cat(out)
 
@@ -125,11 +135,18 @@ def _per_segment(query, key, value, shared, scaling):
     out = []
     for i in range(len(q_bounds) - 1):
         (qa, qb), (ka, kb) = (q_bounds[i], q_bounds[i + 1]), (k_bounds[i], k_bounds[i + 1])
-        q, k, v = (t[a:b].transpose(0, 1).unsqueeze(0) for t, a, b in ((query, qa, qb), (key, ka, kb), (value, ka, kb)))
+        q, k, v = (
+            t[a:b].transpose(0, 1).unsqueeze(0)
+            for t, a, b in ((query, qa, qb), (key, ka, kb), (value, ka, kb))
+        )
         offset = (kb - ka) - (qb - qa)
-        mask = torch.arange(kb - ka, device=q.device) <= torch.arange(qb - qa, device=q.device).unsqueeze(1) + offset
-        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling,
-                                                             enable_gqa=groups > 1)
+        mask = (
+            torch.arange(kb - ka, device=q.device)
+            <= torch.arange(qb - qa, device=q.device).unsqueeze(1) + offset
+        )
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scaling, enable_gqa=groups > 1
+        )
         out.append(o[0].transpose(0, 1))
     return torch.cat(out)
 
@@ -143,31 +160,47 @@ def attach_shared(position_ids: torch.Tensor, shared) -> torch.Tensor:
 
 
 @torch.compiler.disable  # it reads the sequence bounds back to the host: compiled layers break the graph here
-def varlen_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-                             position_ids=None, **kwargs):
+def varlen_attention_forward(
+    module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, position_ids=None, **kwargs
+):
     """transformers attention interface: query [B, Hq, L, D], key/value [B, Hkv, L, D] -> ([B, L, Hq, D], None)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     packed = (
-        attention_mask is None and position_ids is not None and query.shape[2] == key.shape[2]
-        and getattr(module, "is_causal", True) and not (module.training and dropout)
+        attention_mask is None
+        and position_ids is not None
+        and query.shape[2] == key.shape[2]
+        and getattr(module, "is_causal", True)
+        and not (module.training and dropout)
         and kwargs.get("sliding_window") is None
     )
     shared = getattr(position_ids, "rlcore_shared_prompts", None)
     batch, heads, length, dim = query.shape
     if shared is not None and (not packed or batch != 1 or shared.q_bounds[-1] != length):
-        raise RuntimeError(f"a prompt-sharing layout of {shared.q_bounds[-1]} tokens reached an attention call it "
-                           f"does not fit ({batch} x {length} tokens, mask {attention_mask is not None}, dropout "
-                           f"{dropout if module.training else 0}, sliding window {kwargs.get('sliding_window')}): "
-                           "set [model] share_prompts = false for this model")
+        raise RuntimeError(
+            f"a prompt-sharing layout of {shared.q_bounds[-1]} tokens reached an attention call it "
+            f"does not fit ({batch} x {length} tokens, mask {attention_mask is not None}, dropout "
+            f"{dropout if module.training else 0}, sliding window {kwargs.get('sliding_window')}): "
+            "set [model] share_prompts = false for this model"
+        )
     if not packed:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     flat = lambda t: t.transpose(1, 2).reshape(batch * length, t.shape[1], dim)  # noqa: E731
     q, k, v = flat(query), flat(key), flat(value)
     if shared is not None:
         if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _varlen_kernel()[0] is not None:
-            out = _flash(q, k[shared.kv_index], v[shared.kv_index], shared.cu_q, shared.max_q, scaling,
-                         cu_k=shared.cu_k, longest_k=shared.max_k)
+            out = _flash(
+                q,
+                k[shared.kv_index],
+                v[shared.kv_index],
+                shared.cu_q,
+                shared.max_q,
+                scaling,
+                cu_k=shared.cu_k,
+                longest_k=shared.max_k,
+            )
         else:
             out = _per_segment(q, k, v, shared, scaling)
         return out.reshape(batch, length, heads, dim), None
@@ -188,8 +221,15 @@ def varlen_mask(*, batch_size, q_length, kv_length, q_offset=0, kv_offset=0, att
 
     if attention_mask is None and q_length == kv_length and q_offset == 0 and kv_offset == 0:
         return None
-    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
-                     kv_offset=kv_offset, attention_mask=attention_mask, **kwargs)
+    return sdpa_mask(
+        batch_size=batch_size,
+        q_length=q_length,
+        kv_length=kv_length,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        attention_mask=attention_mask,
+        **kwargs,
+    )
 
 
 def register() -> None:

@@ -14,8 +14,8 @@ it, and its gradient is the sum over the responses either way).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
@@ -45,7 +45,12 @@ class RolloutBatch:
         return [len(p) + len(r) for p, r in zip(self.prompt_ids, self.response_ids)]
 
 
-def build_batch(trajectories: Sequence[Trajectory], scores: Sequence[float], samples_per_prompt: int, group_offset: int = 0) -> RolloutBatch:
+def build_batch(
+    trajectories: Sequence[Trajectory],
+    scores: Sequence[float],
+    samples_per_prompt: int,
+    group_offset: int = 0,
+) -> RolloutBatch:
     width = max(1, max((len(t.response_ids) for t in trajectories), default=1))
     size = len(trajectories)
     mask = torch.zeros(size, width)
@@ -57,7 +62,9 @@ def build_batch(trajectories: Sequence[Trajectory], scores: Sequence[float], sam
         mask[row, :n] = torch.tensor(traj.response_mask[:n], dtype=torch.float32)
         rollout_lp[row, :n] = torch.tensor(traj.rollout_logprobs[:n], dtype=torch.float32)
         # Samples of one prompt share a group; identify prompts by their position in the batch.
-        groups.append(group_offset + group_of_prompt.setdefault(row // samples_per_prompt, len(group_of_prompt)))
+        groups.append(
+            group_offset + group_of_prompt.setdefault(row // samples_per_prompt, len(group_of_prompt))
+        )
     return RolloutBatch(
         trajectories=list(trajectories),
         prompt_ids=[list(t.prompt.token_ids) for t in trajectories],
@@ -109,8 +116,13 @@ class MicroBatch:
         return out.index_put((self.local_rows, self.cols), flat)
 
 
-def pack(batch: RolloutBatch, rows: Sequence[int], token_budget: int, device: str | torch.device = "cpu",
-         share_prompts: bool = False) -> list[MicroBatch]:
+def pack(
+    batch: RolloutBatch,
+    rows: Sequence[int],
+    token_budget: int,
+    device: str | torch.device = "cpu",
+    share_prompts: bool = False,
+) -> list[MicroBatch]:
     """Pack ``rows`` into as few micro-batches of at most ``token_budget`` tokens as
     first-fit-decreasing finds (a longer sequence gets a micro-batch of its own), with the load
     spread evenly over them: 256 sequences of 384 tokens in 32K-token micro-batches become four
@@ -125,7 +137,10 @@ def pack(batch: RolloutBatch, rows: Sequence[int], token_budget: int, device: st
         lengths = {r: len(batch.prompt_ids[r]) + len(batch.response_ids[r]) for r in rows}
         build = lambda members: _micro(batch, sorted(r for u in members for r in units[u]), device)  # noqa: E731
     else:
-        lengths = {u: len(batch.prompt_ids[m[0]]) + sum(len(batch.response_ids[r]) for r in m) for u, m in units.items()}
+        lengths = {
+            u: len(batch.prompt_ids[m[0]]) + sum(len(batch.response_ids[r]) for r in m)
+            for u, m in units.items()
+        }
         build = lambda members: _shared_micro(batch, [units[u] for u in sorted(members)], device)  # noqa: E731
     order = sorted(units, key=lambda u: -lengths[u])
     first_fit = _bins(order, lengths, token_budget, count=0, least_loaded=False)
@@ -158,7 +173,9 @@ def _prompt_units(batch: RolloutBatch, rows: Sequence[int], token_budget: int) -
     return units
 
 
-def _bins(order: list[int], lengths: dict[int, int], budget: int, count: int, least_loaded: bool) -> list[list[int]]:
+def _bins(
+    order: list[int], lengths: dict[int, int], budget: int, count: int, least_loaded: bool
+) -> list[list[int]]:
     """Place each row (longest first) into the first bin it fits, or the least loaded one; a row
     that fits none opens a new bin. ``count`` empty bins exist from the start."""
     bins: list[list[int]] = [[] for _ in range(count)]
@@ -258,7 +275,13 @@ def _shared_micro(batch: RolloutBatch, units: list[list[int]], device) -> MicroB
     as_int = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)  # noqa: E731
     q_sizes = [b - a for a, b in zip(q_bounds, q_bounds[1:])]
     k_sizes = [b - a for a, b in zip(k_bounds, k_bounds[1:])]
-    shared = SharedPrompts(cu_q=as_int(q_bounds), cu_k=as_int(k_bounds),
-                           kv_index=torch.tensor(kv_index, dtype=torch.long, device=device),
-                           q_bounds=q_bounds, k_bounds=k_bounds, max_q=max(q_sizes), max_k=max(k_sizes))
+    shared = SharedPrompts(
+        cu_q=as_int(q_bounds),
+        cu_k=as_int(k_bounds),
+        kv_index=torch.tensor(kv_index, dtype=torch.long, device=device),
+        q_bounds=q_bounds,
+        k_bounds=k_bounds,
+        max_q=max(q_sizes),
+        max_k=max(k_sizes),
+    )
     return row.micro_batch(rows, device, shared)

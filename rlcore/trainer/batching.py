@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import defaultdict
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -23,7 +23,7 @@ class Batching:
     mini_batch_count: int
     share_prompts: bool = False  # pack a prompt's samples as the prompt once, then each response
 
-    def unshared(self) -> "Batching":
+    def unshared(self) -> Batching:
         """The same cuts with every sample packed whole (for a model whose attention cannot take
         a prompt-sharing layout, such as the critic's)."""
         return dataclasses.replace(self, share_prompts=False)
@@ -47,8 +47,9 @@ class Batching:
         return [sum(ordered[i : i + per], []) for i in range(0, len(ordered), per)]
 
     @torch.no_grad()
-    def per_token(self, batch: RolloutBatch, compute: Callable[[MicroBatch], torch.Tensor],
-                  dummy: Callable[[], object]) -> torch.Tensor:
+    def per_token(
+        self, batch: RolloutBatch, compute: Callable[[MicroBatch], torch.Tensor], dummy: Callable[[], object]
+    ) -> torch.Tensor:
         """``compute(micro)`` (one value per selected token) over every micro-batch, scattered
         into a [B, T] CPU tensor, 0 outside the response mask; ``dummy()`` stands in for the
         micro-batches another rank has more of."""

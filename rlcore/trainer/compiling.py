@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from loguru import logger
@@ -65,8 +66,11 @@ def _dispatch(layer: torch.nn.Module, eager: Callable, *args: Any, **kwargs: Any
         return _compiled_layer_forward(layer, *args, **kwargs)
     except Exception as error:  # noqa: BLE001 -- any compiler failure; the eager layer is equivalent
         _state["layers_failed"] = True
-        logger.warning("torch.compile of the decoder layers failed, running them uncompiled "
-                       "(set [model] compile = false to skip trying): {}", str(error).splitlines()[0] if str(error) else error)
+        logger.warning(
+            "torch.compile of the decoder layers failed, running them uncompiled "
+            "(set [model] compile = false to skip trying): {}",
+            str(error).splitlines()[0] if str(error) else error,
+        )
         return eager(*args, **kwargs)
 
 
@@ -112,8 +116,11 @@ class _Kernel:
             return self.compiled(*args)
         except Exception as error:  # noqa: BLE001 -- any compiler failure; eager is equivalent
             self.failed = True
-            logger.warning("torch.compile of {} failed, running it uncompiled: {}", self.fn.__name__,
-                           str(error).splitlines()[0] if str(error) else error)
+            logger.warning(
+                "torch.compile of {} failed, running it uncompiled: {}",
+                self.fn.__name__,
+                str(error).splitlines()[0] if str(error) else error,
+            )
             return self.fn(*args)
 
 

@@ -14,14 +14,23 @@ from rlcore.trainer.updating import run_updates
 
 
 class Critic(precision.TrainedRole):
-    def __init__(self, cfg: Manifest, model_cfg: ModelTable, prec: precision.Precision, dist: Distributed, device: str,
-                 batching: Batching):
+    def __init__(
+        self,
+        cfg: Manifest,
+        model_cfg: ModelTable,
+        prec: precision.Precision,
+        dist: Distributed,
+        device: str,
+        batching: Batching,
+    ):
         from rlcore.algorithms.value import CriticModel
 
         # The value model keeps transformers' attention, which knows no prompt-sharing layout.
         self.cfg, self.dist, self.device, self.batching = cfg, dist, device, batching.unshared()
         # A value model of its own ([critic] path), or the policy's weights with a value head.
-        path, gguf_file = (cfg.critic.path, None) if cfg.critic.path else (model_cfg.path, model_cfg.gguf_file)
+        path, gguf_file = (
+            (cfg.critic.path, None) if cfg.critic.path else (model_cfg.path, model_cfg.gguf_file)
+        )
         self.module = CriticModel.from_pretrained(
             path, gguf_file=gguf_file, torch_dtype=precision.torch_dtype(prec.storage)
         ).to("cpu" if cfg.trainer.fsdp_offload else device)  # offloaded shards live in CPU memory (actor.py)
@@ -29,11 +38,17 @@ class Critic(precision.TrainedRole):
         if prec.mixed and not dist.sharded:
             self.masters = precision.MasterWeights(self.module, precision.torch_dtype(prec.compute))
         if dist.sharded:
-            fsdp_wrap(self.module, lambda model: self.dummy_forward(), precision.fsdp_policy(prec),
-                      offload=cfg.trainer.fsdp_offload)
+            fsdp_wrap(
+                self.module,
+                lambda model: self.dummy_forward(),
+                precision.fsdp_policy(prec),
+                offload=cfg.trainer.fsdp_offload,
+            )
         if model_cfg.gradient_checkpointing:
             self.module.gradient_checkpointing_enable()
-        self.params = self.masters.params if self.masters else [p for p in self.module.parameters() if p.requires_grad]
+        self.params = (
+            self.masters.params if self.masters else [p for p in self.module.parameters() if p.requires_grad]
+        )
         # torch's AdamW default weight decay (0.01), as the critic has always had.
         self.optimizer = adamw(self.params, cfg.critic.lr, cfg.trainer.betas, weight_decay=0.01)
         self.scheduler = warmup(self.optimizer, cfg.critic.warmup_steps)
@@ -45,7 +60,10 @@ class Critic(precision.TrainedRole):
 
     def values(self, batch: RolloutBatch) -> torch.Tensor:
         return self.batching.per_token(
-            batch, lambda micro: self.module(input_ids=micro.input_ids, position_ids=micro.position_ids)[0][micro.select],
+            batch,
+            lambda micro: self.module(input_ids=micro.input_ids, position_ids=micro.position_ids)[0][
+                micro.select
+            ],
             self.dummy_forward,
         )
 
@@ -59,21 +77,37 @@ class Critic(precision.TrainedRole):
             tokens = max(tokens, 1.0)
 
             def micro_step(micro):
-                values = self.module(input_ids=micro.input_ids, position_ids=micro.position_ids)[0][micro.select]
+                values = self.module(input_ids=micro.input_ids, position_ids=micro.position_ids)[0][
+                    micro.select
+                ]
                 sel = micro.rows
                 values = micro.scatter(values.float(), batch.width)
                 dev = values.device
                 mask = batch.response_mask[sel].to(dev)
                 loss, vm = clipped_value_loss(
-                    values, batch.tensors["values"][sel].to(dev), batch.tensors["returns"][sel].to(dev),
-                    mask, c.value_clip, "token-mean",
+                    values,
+                    batch.tensors["values"][sel].to(dev),
+                    batch.tensors["returns"][sel].to(dev),
+                    mask,
+                    c.value_clip,
+                    "token-mean",
                 )
                 share = float(mask.sum()) / tokens
-                shares = {"critic/vf_loss": float(loss.detach()) * share,
-                          "critic/vf_clipfrac": float(vm.get("critic/vf_clipfrac", 0.0)) * share}
+                shares = {
+                    "critic/vf_loss": float(loss.detach()) * share,
+                    "critic/vf_clipfrac": float(vm.get("critic/vf_clipfrac", 0.0)) * share,
+                }
                 return loss * share * c.value_coef, shares
 
             return micro_step
 
-        return run_updates(self, batch, epochs=self.cfg.algorithm.ppo_epochs, batching=self.batching, dist=self.dist,
-                           grad_clip=self.cfg.trainer.grad_clip, mini_batch=mini_batch, prefix="critic")
+        return run_updates(
+            self,
+            batch,
+            epochs=self.cfg.algorithm.ppo_epochs,
+            batching=self.batching,
+            dist=self.dist,
+            grad_clip=self.cfg.trainer.grad_clip,
+            mini_batch=mini_batch,
+            prefix="critic",
+        )

@@ -38,7 +38,7 @@ class DataCursor:
     def state(self) -> dict[str, int]:
         return {k: v for k, v in asdict(self).items() if k in ("epoch", "offset")}
 
-    def copy(self) -> "DataCursor":
+    def copy(self) -> DataCursor:
         return replace(self)
 
     def load(self, state: dict) -> None:
@@ -85,14 +85,16 @@ class MixedCursor:
 
     def take(self, count: int) -> list[int]:
         """``count`` row indices, the sources' shares interleaved (so every rank's part mixes them too)."""
-        picked = {name: [self.members[name][i] for i in self.cursors[name].take(n)]
-                  for name, n in shares(count, {k: v for k, v in self.weights.items() if v > 0}).items()}
+        picked = {
+            name: [self.members[name][i] for i in self.cursors[name].take(n)]
+            for name, n in shares(count, {k: v for k, v in self.weights.items() if v > 0}).items()
+        }
         out: list[int] = []
         for position in range(max((len(v) for v in picked.values()), default=0)):
             out.extend(rows[position] for _, rows in sorted(picked.items()) if position < len(rows))
         return out
 
-    def copy(self) -> "MixedCursor":
+    def copy(self) -> MixedCursor:
         twin = MixedCursor(self.members, self.weights, self.seed, self.shuffle)
         twin.load(self.state())
         return twin

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,7 @@ class Distributed:
         self._owns_group = False  # a one-rank group made here, destroyed by close()
 
     @classmethod
-    def from_env(cls, device: str, shard_one: bool = False) -> "Distributed":
+    def from_env(cls, device: str, shard_one: bool = False) -> Distributed:
         """``shard_one``: a single process still shards with FSDP2, over a process group of one
         (made here when none exists: gloo on CPU, NCCL for CUDA tensors, an in-memory store)."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -47,14 +48,18 @@ class Distributed:
             if not dist.is_initialized():
                 if device == "cuda":
                     torch.cuda.set_device(0)
-                dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+                dist.init_process_group(
+                    backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+                )
                 one._owns_group = True
             return one
         rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
         if not dist.is_initialized():
             missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
             if missing:
-                raise RlcoreError(f"WORLD_SIZE={world} but {', '.join(missing)} is not set; start ranks with torchrun or a launcher")
+                raise RlcoreError(
+                    f"WORLD_SIZE={world} but {', '.join(missing)} is not set; start ranks with torchrun or a launcher"
+                )
             if device == "cuda":
                 torch.cuda.set_device(local_rank)
             dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
@@ -171,7 +176,7 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float, ranks: "Distributed") -> float:
+def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float, ranks: Distributed) -> float:
     """Clip gradients to a global L2 norm and return that norm (before clipping).
 
     Sharded gradients contribute their local shards' squares, summed over the ranks. (torch's
@@ -192,4 +197,3 @@ def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float, ranks:
         group = [g for g in local if (g.device, g.dtype) == device_dtype]
         torch._foreach_mul_(group, scale.to(*device_dtype))
     return float(norm)
-

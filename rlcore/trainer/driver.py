@@ -9,10 +9,10 @@ from pathlib import Path
 import tomli_w
 from loguru import logger
 
+from rlcore.checkpoint import Checkpointer, write_atomic_text
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.manifest.loader import ResolvedManifest
 from rlcore.rundir import RunDirLock, holds_checkpoints_message
-from rlcore.checkpoint import Checkpointer, write_atomic_text
 from rlcore.trainer import stopping
 from rlcore.trainer.stopping import Stopped
 
@@ -48,8 +48,15 @@ def resume_hint(run_dir: Path) -> str:
     return f"no checkpoint was written in {run_dir} yet: rerun to start again"
 
 
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe",
-              "NCCL communicator was aborted", "ProcessGroupNCCL's watchdog", "Socket Timeout")
+_PEER_GONE = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "remote worker crashing",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+    "ProcessGroupNCCL's watchdog",
+    "Socket Timeout",
+)
 
 
 def peer_failure(exc: BaseException) -> bool:
@@ -78,10 +85,16 @@ def where_this_rank_runs(rank: int) -> str:
     import os
     import socket
 
-    parts = [f"rank {rank} of {os.environ.get('WORLD_SIZE', '1')}", f"host {socket.gethostname()}", f"pid {os.getpid()}"]
+    parts = [
+        f"rank {rank} of {os.environ.get('WORLD_SIZE', '1')}",
+        f"host {socket.gethostname()}",
+        f"pid {os.getpid()}",
+    ]
     if os.environ.get("SLURMD_NODENAME") or os.environ.get("SLURM_NODEID"):
-        parts.append(f"SLURM node {os.environ.get('SLURMD_NODENAME', '?')} "
-                     f"(node id {os.environ.get('SLURM_NODEID', '?')}, job {os.environ.get('SLURM_JOB_ID', '?')})")
+        parts.append(
+            f"SLURM node {os.environ.get('SLURMD_NODENAME', '?')} "
+            f"(node id {os.environ.get('SLURM_NODEID', '?')}, job {os.environ.get('SLURM_JOB_ID', '?')})"
+        )
     if os.environ.get("LOCAL_RANK"):
         parts.append(f"local rank {os.environ['LOCAL_RANK']}")
     return "this process: " + ", ".join(parts)
@@ -116,11 +129,18 @@ def run_driver(manifest: ResolvedManifest, run_dir: str | Path, resume: bool = F
         raise
     except Stopped as stop:
         if stop.checkpoint is not None:
-            logger.warning("stopped by {} after step {}; checkpoint written: {} (rlcore run --resume continues)",
-                           stop.name, trainer.step, stop.checkpoint)
+            logger.warning(
+                "stopped by {} after step {}; checkpoint written: {} (rlcore run --resume continues)",
+                stop.name,
+                trainer.step,
+                stop.checkpoint,
+            )
         else:
-            logger.warning("stopped at once by a second {}; rlcore run --resume continues from the last checkpoint in {}",
-                           stop.name, run_dir)
+            logger.warning(
+                "stopped at once by a second {}; rlcore run --resume continues from the last checkpoint in {}",
+                stop.name,
+                run_dir,
+            )
         return 128 + stop.signum
     except KeyboardInterrupt:
         logger.warning("interrupted; {}", resume_hint(run_dir))

@@ -28,7 +28,8 @@ import dataclasses
 import pickle
 import threading
 import traceback
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from rlcore.errors import RlcoreError
 
@@ -63,8 +64,16 @@ class EngineProcess:
 
     shares_actor = False
 
-    def __init__(self, component: Any, options: Any, context: Any, trainer_device: str, transport: str = "shared",
-                 bucket_mb: int = 256, start_timeout_s: float = 600.0):
+    def __init__(
+        self,
+        component: Any,
+        options: Any,
+        context: Any,
+        trainer_device: str,
+        transport: str = "shared",
+        bucket_mb: int = 256,
+        start_timeout_s: float = 600.0,
+    ):
         import torch.multiprocessing as mp
 
         if transport not in ("shared", "gloo"):
@@ -88,7 +97,10 @@ class EngineProcess:
         self._process = spawn.Process(
             # Not a daemon: an engine may start processes of its own (vLLM, tensor-parallel workers);
             # close() at exit ends it instead.
-            target=_serve, args=(child_end, transport_spec, self._bucket_bytes), name="rlcore-engine", daemon=False,
+            target=_serve,
+            args=(child_end, transport_spec, self._bucket_bytes),
+            name="rlcore-engine",
+            daemon=False,
         )
         self._process.start()
         atexit.register(self._close_at_exit)
@@ -100,15 +112,15 @@ class EngineProcess:
             self.close()
             raise EngineProcessError(
                 f"rollout engine {getattr(component, 'name', component)!r} cannot be sent to a process of its own "
-                f"([rollout] placement = \"split\"): {exc}; its factory and options must be importable by name "
-                "(\"package.module:function\"), as entry points register them"
+                f'([rollout] placement = "split"): {exc}; its factory and options must be importable by name '
+                '("package.module:function"), as entry points register them'
             ) from None
         except (BrokenPipeError, EOFError, OSError):
             self._process.join(timeout=10)
             raise EngineProcessError(
                 f"the rollout engine's process (pid {self.pid}) exited with code {self._process.exitcode} while "
                 "starting; a script that runs rlcore in its own process must guard its entry point with "
-                "if __name__ == \"__main__\": (the engine's process is spawned and imports the script)"
+                'if __name__ == "__main__": (the engine\'s process is spawned and imports the script)'
             ) from None
         if store is not None:
             self._group = _gloo_group(store, rank=0)
@@ -165,7 +177,11 @@ class EngineProcess:
             return
         self._closed = True
         atexit.unregister(self._close_at_exit)
-        died = None if self._process.is_alive() or getattr(self, "_death_said", False) else self._process.exitcode
+        died = (
+            None
+            if self._process.is_alive() or getattr(self, "_death_said", False)
+            else self._process.exitcode
+        )
         died = None if died == 0 else died  # 0: it ended on its own after saying why (a failed start)
         try:
             if self._process.is_alive():
@@ -179,8 +195,10 @@ class EngineProcess:
         self._conn.close()
         if died is not None:  # it ended before being told to, and no call has said so
             how = f"was killed by signal {-died}" if died < 0 else f"exited with code {died}"
-            raise EngineProcessError(f"the rollout engine's process (pid {self.pid}) {how} before the run "
-                                     "closed it (after the last batch it was needed for)")
+            raise EngineProcessError(
+                f"the rollout engine's process (pid {self.pid}) {how} before the run "
+                "closed it (after the last batch it was needed for)"
+            )
 
     # ------------------------------------------------------------------ the trainer's side
 
@@ -195,7 +213,9 @@ class EngineProcess:
             raise EngineProcessError("the rollout engine's process was closed")
         if not self._process.is_alive():
             self._death_said = True
-            raise EngineProcessError(f"the rollout engine's process (pid {self.pid}) exited with code {self._process.exitcode}")
+            raise EngineProcessError(
+                f"the rollout engine's process (pid {self.pid}) exited with code {self._process.exitcode}"
+            )
 
     def _reply(self, what: str, timeout: float | None = None) -> Any:
         while not self._conn.poll(1.0 if timeout is None else min(timeout, 1.0)):
@@ -208,12 +228,16 @@ class EngineProcess:
             if timeout is not None:
                 timeout -= 1.0
                 if timeout <= 0:
-                    raise EngineProcessError(f"the rollout engine's process (pid {self.pid}) did not answer {what} in time")
+                    raise EngineProcessError(
+                        f"the rollout engine's process (pid {self.pid}) did not answer {what} in time"
+                    )
         try:
             status, value = self._conn.recv()
         except EOFError:
             self._death_said = True
-            raise EngineProcessError(f"the rollout engine's process (pid {self.pid}) ended during {what}") from None
+            raise EngineProcessError(
+                f"the rollout engine's process (pid {self.pid}) ended during {what}"
+            ) from None
         if status == "error":
             raise _unpickle_error(value)
         return value
@@ -238,7 +262,9 @@ class EngineProcess:
             tensor = tensor.detach()
             dtype = str(tensor.dtype).removeprefix("torch.")
             if dtype not in _DTYPES:
-                raise RlcoreError(f"update_weights: {name!r} has dtype {dtype}, which the engine process does not carry")
+                raise RlcoreError(
+                    f"update_weights: {name!r} has dtype {dtype}, which the engine process does not carry"
+                )
             data = tensor.contiguous().reshape(-1).view(torch.uint8)
             same_kind = data.device.type == buffer.device.type
             total, start = data.numel(), 0
@@ -349,7 +375,9 @@ class _Receiver:
                     raw = self.buffer[p.offset : p.offset + p.nbytes].to(self.device, copy=True)
                     done.append((p.name, raw.view(dtype).reshape(p.shape)))
                     continue
-                whole = partial.setdefault(p.name, torch.empty(p.total, dtype=torch.uint8, device=self.device))
+                whole = partial.setdefault(
+                    p.name, torch.empty(p.total, dtype=torch.uint8, device=self.device)
+                )
                 whole[p.start : p.start + p.nbytes].copy_(self.buffer[p.offset : p.offset + p.nbytes])
                 if p.start + p.nbytes == p.total:
                     done.append((p.name, partial.pop(p.name).view(dtype).reshape(p.shape)))
@@ -381,8 +409,9 @@ def _tcp_store():
 
     import torch.distributed as dist
 
-    store = dist.TCPStore("127.0.0.1", 0, world_size=2, is_master=True, timeout=timedelta(seconds=180),
-                          wait_for_workers=False)
+    store = dist.TCPStore(
+        "127.0.0.1", 0, world_size=2, is_master=True, timeout=timedelta(seconds=180), wait_for_workers=False
+    )
     return store, store.port
 
 
@@ -410,7 +439,9 @@ def _pickle_error(exc: BaseException) -> bytes:
         return data
     except Exception:  # noqa: BLE001 - an exception that does not travel: its text does
         text = "".join(traceback.format_exception(exc)).rstrip()
-        return pickle.dumps(EngineProcessError(f"the rollout engine's process failed: {type(exc).__name__}: {exc}\n{text}"))
+        return pickle.dumps(
+            EngineProcessError(f"the rollout engine's process failed: {type(exc).__name__}: {exc}\n{text}")
+        )
 
 
 def _unpickle_error(data: bytes) -> BaseException:

@@ -23,7 +23,9 @@ def export_model(actor, tokenizer, target: str | Path, state_dict=None) -> Path:
         import copy
 
         model = copy.deepcopy(actor).merge_and_unload()
-    model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": state_dict} if state_dict is not None else {}))
+    model.save_pretrained(
+        tmp, safe_serialization=True, **({"state_dict": state_dict} if state_dict is not None else {})
+    )
     tokenizer.save_pretrained(tmp)
     if target.exists():
         shutil.rmtree(target)

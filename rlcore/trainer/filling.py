@@ -9,8 +9,9 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from loguru import logger
 
@@ -38,8 +39,9 @@ def more_rounds(rounds_done: int, max_rounds: int) -> bool:
     return max_rounds <= 0 or rounds_done < max_rounds
 
 
-def complete_batch(kept: list[T], spare: list[T], wanted: int, on_exhausted: str, *, rounds: int,
-                   where: str = "") -> tuple[list[T], int]:
+def complete_batch(
+    kept: list[T], spare: list[T], wanted: int, on_exhausted: str, *, rounds: int, where: str = ""
+) -> tuple[list[T], int]:
     """The step's ``wanted`` groups from the groups ``kept`` (selected) over ``rounds`` rounds, and
     how many of them are padding. With enough groups: the first ``wanted``, no padding (the rest
     is discarded, as verl does). Short of them: ``on_exhausted = "pad"`` fills up with groups left
@@ -50,8 +52,10 @@ def complete_batch(kept: list[T], spare: list[T], wanted: int, on_exhausted: str
     if len(kept) >= wanted:
         return kept[:wanted], 0
     missing = wanted - len(kept)
-    found = (f"{where}dynamic sampling found {len(kept)} of the {wanted} informative groups a step needs in "
-             f"{rounds} generation round(s)")
+    found = (
+        f"{where}dynamic sampling found {len(kept)} of the {wanted} informative groups a step needs in "
+        f"{rounds} generation round(s)"
+    )
     if on_exhausted == "raise":
         raise SamplingExhausted(
             f"{found} (max_generation_rounds of its [filters.NAME] table); the prompts may be too hard or too easy "
@@ -59,7 +63,9 @@ def complete_batch(kept: list[T], spare: list[T], wanted: int, on_exhausted: str
             "what was found"
         )
     if len(spare) < missing:
-        raise SamplingExhausted(f"{found}, and only {len(spare)} groups left out to pad the other {missing} with")
+        raise SamplingExhausted(
+            f"{found}, and only {len(spare)} groups left out to pad the other {missing} with"
+        )
     return kept + spare[:missing], missing
 
 
@@ -81,11 +87,16 @@ class ScoredBatch:
     scores: list[float]
     cursor: dict[str, int]  # the data position after this batch's prompts
     metrics: dict[str, float] = field(default_factory=dict)
-    padding: list[bool] = field(default_factory=list)  # per trajectory: a padded group's, out of the loss (empty: none)
+    padding: list[bool] = field(
+        default_factory=list
+    )  # per trajectory: a padded group's, out of the loss (empty: none)
 
     def staleness(self) -> list[int]:
         """Per trajectory: optimizer steps between the weights that generated it and the ones it trains."""
-        return [self.step - (t.policy_version if t.policy_version is not None else self.step) for t in self.trajectories]
+        return [
+            self.step - (t.policy_version if t.policy_version is not None else self.step)
+            for t in self.trajectories
+        ]
 
 
 @dataclass
@@ -130,8 +141,14 @@ class BatchMaker:
         self.scorer, self.tokenizer, self.inputs = scorer, tokenizer, inputs
         self.filling = filling or Filling()
 
-    def make(self, generate, step: int, cursor: DataCursor, version: int,
-             phase: Callable[[str], Any] = lambda name: contextlib.nullcontext()) -> ScoredBatch:
+    def make(
+        self,
+        generate,
+        step: int,
+        cursor: DataCursor,
+        version: int,
+        phase: Callable[[str], Any] = lambda name: contextlib.nullcontext(),
+    ) -> ScoredBatch:
         """The step's scored batch (its metrics hold ``timing_s/gen`` and ``timing_s/reward``);
         ``cursor`` advances past every round's prompts. ``phase(name)`` wraps generation and
         scoring (the trainer's timer: labels, memory, out-of-memory messages)."""
@@ -149,15 +166,20 @@ class BatchMaker:
             if rounds == 0:
                 params, wanted = round_params, f.groups or len(prompts)
             else:  # another round of the same step: other samples
-                round_params = round_params.model_copy(update={"seed": (round_params.seed + 104_729 * rounds) % (2**31)})
+                round_params = round_params.model_copy(
+                    update={"seed": (round_params.seed + 104_729 * rounds) % (2**31)}
+                )
             rounds += 1
             trajectories, scores, round_metrics, item_metrics, generating, waiting = self._generate_and_score(
                 generate, prompts, round_params, version, phase
             )
             gen_s += generating
             reward_s += waiting
-            items = reward_items(scores, item_metrics) if any(getattr(s, "reward_items", False) for s in selecting) \
-                else None  # before the score shapers
+            items = (
+                reward_items(scores, item_metrics)
+                if any(getattr(s, "reward_items", False) for s in selecting)
+                else None
+            )  # before the score shapers
             for shaper in f.shapers:
                 scores, shaped = shaper.shape(trajectories, scores)
                 scores = list(scores)
@@ -175,36 +197,67 @@ class BatchMaker:
                         chosen &= set(selector.select(trajectories, scores, n))
                 groups = sorted(chosen)
                 dropped += len(prompts) - len(groups)
-                spare.extend((prompts[g], trajectories[g * n : (g + 1) * n], scores[g * n : (g + 1) * n])
-                             for g in range(len(prompts)) if g not in chosen)
+                spare.extend(
+                    (prompts[g], trajectories[g * n : (g + 1) * n], scores[g * n : (g + 1) * n])
+                    for g in range(len(prompts))
+                    if g not in chosen
+                )
             for g in groups:
                 kept.append((prompts[g], trajectories[g * n : (g + 1) * n], scores[g * n : (g + 1) * n]))
             if len(kept) >= wanted or not selecting or not more_rounds(rounds, max_rounds):
                 break
             if max_rounds <= 0 and rounds % 10 == 0:
-                logger.warning("step {}: {} of {} groups selected after {} rounds (max_generation_rounds = 0: "
-                               "unlimited)", step + 1, len(kept), wanted, rounds)
+                logger.warning(
+                    "step {}: {} of {} groups selected after {} rounds (max_generation_rounds = 0: "
+                    "unlimited)",
+                    step + 1,
+                    len(kept),
+                    wanted,
+                    rounds,
+                )
         out = {k: (sum(v) if k == "reward/time_s" else sum(v) / len(v)) for k, v in metrics.items()}
         out.update({"timing_s/gen": gen_s, "timing_s/reward": reward_s})
         padded = 0
         if selecting:
             found = len(kept)
-            kept, padded = complete_batch(kept, spare, wanted, f.on_exhausted, rounds=rounds, where=f"step {step + 1}: ")
+            kept, padded = complete_batch(
+                kept, spare, wanted, f.on_exhausted, rounds=rounds, where=f"step {step + 1}: "
+            )
             if padded:
-                logger.warning("step {}: dynamic sampling found {} of {} informative groups in {} rounds; {} groups "
-                               "left out pad the step, out of the loss", step + 1, found, wanted, rounds, padded)
-            out.update({"dynamic_sampling/groups_kept": float(min(found, wanted)),
-                        "dynamic_sampling/groups_dropped": float(dropped),
-                        "dynamic_sampling/groups_padded": float(padded), "dynamic_sampling/rounds": float(rounds)})
+                logger.warning(
+                    "step {}: dynamic sampling found {} of {} informative groups in {} rounds; {} groups "
+                    "left out pad the step, out of the loss",
+                    step + 1,
+                    found,
+                    wanted,
+                    rounds,
+                    padded,
+                )
+            out.update(
+                {
+                    "dynamic_sampling/groups_kept": float(min(found, wanted)),
+                    "dynamic_sampling/groups_dropped": float(dropped),
+                    "dynamic_sampling/groups_padded": float(padded),
+                    "dynamic_sampling/rounds": float(rounds),
+                }
+            )
         else:
             kept = kept[:wanted]
         padding = [g >= len(kept) - padded for g, (_, ts, _) in enumerate(kept) for _ in ts] if padded else []
         return ScoredBatch(
-            step, [p for p, _, _ in kept], params, [t for _, ts, _ in kept for t in ts], [s for _, _, ss in kept for s in ss],
-            cursor.state(), out, padding,
+            step,
+            [p for p, _, _ in kept],
+            params,
+            [t for _, ts, _ in kept for t in ts],
+            [s for _, _, ss in kept for s in ss],
+            cursor.state(),
+            out,
+            padding,
         )
 
-    def _generate_and_score(self, generate, prompts: list[Prompt], params: SamplingParams, version: int, phase):
+    def _generate_and_score(
+        self, generate, prompts: list[Prompt], params: SamplingParams, version: int, phase
+    ):
         """One round: ``(trajectories, scores, metrics, each item's reward metrics, generation
         seconds, seconds waiting for scores after generation)``, the chunks' scores in the
         trajectories' order."""
@@ -223,8 +276,11 @@ class BatchMaker:
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlcore-scoring") as scoring:
             for index, (lo, hi) in enumerate(bounds):
                 # Each chunk its own seed: the same seed twice would repeat the random draws.
-                chunk_params = params if not index or params.seed is None else params.model_copy(
-                    update={"seed": (params.seed + 7_919 * index) % (2**31)})
+                chunk_params = (
+                    params
+                    if not index or params.seed is None
+                    else params.model_copy(update={"seed": (params.seed + 7_919 * index) % (2**31)})
+                )
                 with phase("gen"):
                     part = generate(prompts[lo:hi], chunk_params)
                 for trajectory in part:
@@ -236,8 +292,14 @@ class BatchMaker:
                 results = [future.result() for future in pending]
         scores = [score for chunk_scores, _, _ in results for score in chunk_scores]
         items = [item for _, _, chunk_items in results for item in chunk_items]
-        return trajectories, scores, merge_chunk_metrics([(m, len(c)) for c, m, _ in results]), items, \
-            generated - started, time.perf_counter() - generated
+        return (
+            trajectories,
+            scores,
+            merge_chunk_metrics([(m, len(c)) for c, m, _ in results]),
+            items,
+            generated - started,
+            time.perf_counter() - generated,
+        )
 
 
 def _chunk_bounds(prompts: int, chunks: int) -> list[tuple[int, int]]:
@@ -252,5 +314,8 @@ def merge_chunk_metrics(parts: list[tuple[dict[str, float], int]]) -> dict[str, 
     seconds (the chunks were scored one after another) add up, means are weighted by size."""
     from rlcore.reward_pool import COUNT_METRICS, FAILURE_METRICS
 
-    return merge_metrics([m for m, _ in parts], [n for _, n in parts],
-                         summed=set(FAILURE_METRICS.values()) | set(COUNT_METRICS) | {"reward/time_s"})
+    return merge_metrics(
+        [m for m, _ in parts],
+        [n for _, n in parts],
+        summed=set(FAILURE_METRICS.values()) | set(COUNT_METRICS) | {"reward/time_s"},
+    )

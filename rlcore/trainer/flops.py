@@ -5,8 +5,20 @@ device's dense bfloat16 peak. Reported only on GPUs whose peak is known here."""
 from __future__ import annotations
 
 # Dense bfloat16 tensor-core peaks, TFLOP/s, from the vendors' data sheets (SXM parts).
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0,
-                    "L40": 181.0, "A10G": 70.0, "A10": 125.0, "L4": 121.0, "RTX 4090": 165.0, "B200": 2250.0}
+PEAK_BF16_TFLOPS = {
+    "H200": 989.0,
+    "H100": 989.0,
+    "H800": 989.0,
+    "A100": 312.0,
+    "A800": 312.0,
+    "L40S": 362.0,
+    "L40": 181.0,
+    "A10G": 70.0,
+    "A10": 125.0,
+    "L4": 121.0,
+    "RTX 4090": 165.0,
+    "B200": 2250.0,
+}
 
 
 def peak_tflops(device_name: str) -> float | None:

@@ -20,7 +20,14 @@ from rlcore.trainer.compiling import kernel, packed_forward
 CHUNK_TOKENS = 1024
 
 
-def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, bias, targets: torch.Tensor, temperature: float, with_entropy: bool):
+def _head_chunk(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+):
     return _from_logits(torch.nn.functional.linear(hidden, weight, bias), targets, temperature, with_entropy)
 
 
@@ -55,7 +62,13 @@ def _logit_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float
 
 
 @kernel
-def _logits_grad(logits: torch.Tensor, lse: torch.Tensor, targets: torch.Tensor, grad_logp: torch.Tensor, temperature: float):
+def _logits_grad(
+    logits: torch.Tensor,
+    lse: torch.Tensor,
+    targets: torch.Tensor,
+    grad_logp: torch.Tensor,
+    temperature: float,
+):
     """d loss / d logits = (onehot(target) - softmax(logits / T)) * grad / T, in the logits' dtype.
     Compiled, this is one element-wise kernel: the logits read once, the gradient written once."""
     x = logits.float()
@@ -118,10 +131,28 @@ class TokenLogprobs(torch.nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, input_ids, position_ids, select, targets, temperature: float = 1.0, with_entropy: bool = False,
-                chunk_tokens: int = CHUNK_TOKENS, entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        return _logprobs(self.lm, input_ids, position_ids, select, targets, temperature, with_entropy, chunk_tokens,
-                         entropy_grad)
+    def forward(
+        self,
+        input_ids,
+        position_ids,
+        select,
+        targets,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        chunk_tokens: int = CHUNK_TOKENS,
+        entropy_grad: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return _logprobs(
+            self.lm,
+            input_ids,
+            position_ids,
+            select,
+            targets,
+            temperature,
+            with_entropy,
+            chunk_tokens,
+            entropy_grad,
+        )
 
 
 def token_logprobs(
@@ -140,8 +171,16 @@ def token_logprobs(
     if micro.shared is not None:
         _require_varlen_attention(model)
         position_ids = attach_shared(position_ids, micro.shared)
-    args = (micro.input_ids, position_ids, micro.select, micro.targets, temperature, with_entropy, chunk_tokens,
-            entropy_grad)
+    args = (
+        micro.input_ids,
+        position_ids,
+        micro.select,
+        micro.targets,
+        temperature,
+        with_entropy,
+        chunk_tokens,
+        entropy_grad,
+    )
     if isinstance(model, TokenLogprobs):
         return model(*args)
     return _logprobs(model, *args)
@@ -153,11 +192,23 @@ def _require_varlen_attention(model) -> None:
     lm = model.lm if isinstance(model, TokenLogprobs) else model
     attention = getattr(getattr(lm, "config", None), "_attn_implementation", None)
     if attention != VARLEN_ATTENTION:
-        raise RuntimeError(f"a prompt-sharing micro-batch needs the {VARLEN_ATTENTION!r} attention, the model runs "
-                           f"{attention!r} ([model] share_prompts)")
+        raise RuntimeError(
+            f"a prompt-sharing micro-batch needs the {VARLEN_ATTENTION!r} attention, the model runs "
+            f"{attention!r} ([model] share_prompts)"
+        )
 
 
-def _logprobs(model, input_ids, position_ids, select, targets, temperature, with_entropy, chunk_tokens, entropy_grad=True):
+def _logprobs(
+    model,
+    input_ids,
+    position_ids,
+    select,
+    targets,
+    temperature,
+    with_entropy,
+    chunk_tokens,
+    entropy_grad=True,
+):
     decoder, head = _split_model(model)
     if decoder is None:
         logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[0]
@@ -173,9 +224,13 @@ def _logprobs(model, input_ids, position_ids, select, targets, temperature, with
         if grad and not (with_entropy and entropy_grad):
             lp, ent = _HeadLogprobs.apply(h, head.weight, head.bias, t, temperature, with_entropy)
         elif grad:
-            lp, ent = checkpoint(_head_chunk, h, head.weight, head.bias, t, temperature, with_entropy, use_reentrant=False)
+            lp, ent = checkpoint(
+                _head_chunk, h, head.weight, head.bias, t, temperature, with_entropy, use_reentrant=False
+            )
         else:
-            lp, ent, _ = _logit_stats(torch.nn.functional.linear(h, head.weight, head.bias), t, temperature, with_entropy)
+            lp, ent, _ = _logit_stats(
+                torch.nn.functional.linear(h, head.weight, head.bias), t, temperature, with_entropy
+            )
         outs_lp.append(lp)
         outs_ent.append(ent)
     if not outs_lp:

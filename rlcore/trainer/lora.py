@@ -10,7 +10,7 @@ and the module is never touched.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -64,6 +64,13 @@ def adapter_spec(actor: torch.nn.Module) -> dict:
     """What an engine needs beside the tensors: rank, alpha, target modules and dropout, and the
     whole adapter_config.json as ``peft_config`` (the resolved target modules, bias, ...)."""
     config = actor.peft_config[actor.active_adapter]
-    saved = {key: sorted(value) if isinstance(value, set) else value for key, value in config.to_dict().items()}
-    return {"rank": config.r, "alpha": config.lora_alpha, "target_modules": saved["target_modules"],
-            "dropout": config.lora_dropout, "peft_config": saved}
+    saved = {
+        key: sorted(value) if isinstance(value, set) else value for key, value in config.to_dict().items()
+    }
+    return {
+        "rank": config.r,
+        "alpha": config.lora_alpha,
+        "target_modules": saved["target_modules"],
+        "dropout": config.lora_dropout,
+        "peft_config": saved,
+    }

@@ -8,15 +8,25 @@ which hold equal shares).
 
 from __future__ import annotations
 
-from typing import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 # Counts and totals that add up over ranks.
-RANK_SUMS = frozenset({"perf/total_num_tokens", "perf/throughput_total", "reward/errors", "reward/timeouts",
-                       "agent/tool_errors/sum"})
+RANK_SUMS = frozenset(
+    {
+        "perf/total_num_tokens",
+        "perf/throughput_total",
+        "reward/errors",
+        "reward/timeouts",
+        "agent/tool_errors/sum",
+    }
+)
 
 
-def merge_metrics(parts: Sequence[Mapping[str, float]], weights: Sequence[float] | None = None,
-                  summed: Collection[str] = RANK_SUMS) -> dict[str, float]:
+def merge_metrics(
+    parts: Sequence[Mapping[str, float]],
+    weights: Sequence[float] | None = None,
+    summed: Collection[str] = RANK_SUMS,
+) -> dict[str, float]:
     """The metrics of ``parts`` as one; ``weights``: each part's size for the means (default equal)."""
     out: dict[str, float] = {}
     for key in sorted({k for m in parts for k in m}):

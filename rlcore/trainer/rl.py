@@ -20,16 +20,16 @@ from typing import Any
 import torch
 from loguru import logger
 
+from rlcore import progress
 from rlcore.algorithms.importance import mismatch_metrics, mismatch_sums
 from rlcore.checkpoint import Checkpointer
-from rlcore import progress
 from rlcore.errors import RlcoreError
 from rlcore.interfaces import AdvantageInput, Trajectory
 from rlcore.manifest.loader import ResolvedManifest
 from rlcore.testing.faults import fault_point
+from rlcore.trainer import startup_checks
 from rlcore.trainer.batch import RolloutBatch, build_batch
 from rlcore.trainer.data_cursor import DataCursor, MixedCursor, shares
-from rlcore.trainer import startup_checks
 from rlcore.trainer.filling import BatchMaker, Filling
 from rlcore.trainer.flops import mfu, peak_tflops
 from rlcore.trainer.metrics import merge_metrics
@@ -46,7 +46,11 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     if values.numel() == 0:
         return {}
     values = values.float()
-    return {f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(), f"{prefix}/min": values.min().item()}
+    return {
+        f"{prefix}/mean": values.mean().item(),
+        f"{prefix}/max": values.max().item(),
+        f"{prefix}/min": values.min().item(),
+    }
 
 
 def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -54,8 +58,13 @@ def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict
 
 
 class RLTrainer:
-    def __init__(self, manifest: ResolvedManifest, run_dir: str | Path, resume: bool = False,
-                 checkpoint: Path | None = None):
+    def __init__(
+        self,
+        manifest: ResolvedManifest,
+        run_dir: str | Path,
+        resume: bool = False,
+        checkpoint: Path | None = None,
+    ):
         """``checkpoint``: restore this checkpoint directory rather than the run's latest."""
         self.manifest = manifest
         self.checkpoint = checkpoint
@@ -64,8 +73,13 @@ class RLTrainer:
         self.resume = resume
         self.step = 0
         t = self.cfg.trainer
-        self.checkpointer = Checkpointer(self.run_dir, keep=t.keep_checkpoints, keep_best=t.keep_best,
-                                         best_metric=t.best_metric, best_mode=t.best_mode)
+        self.checkpointer = Checkpointer(
+            self.run_dir,
+            keep=t.keep_checkpoints,
+            keep_best=t.keep_best,
+            best_metric=t.best_metric,
+            best_mode=t.best_mode,
+        )
         self.validation: tuple[int, dict[str, float]] | None = None  # the last one's step and metrics
         self.memory_history: MemoryHistory | None = None  # fit's: [trainer] memory_snapshot_*
 
@@ -77,20 +91,42 @@ class RLTrainer:
         if self.resume and checkpoint is None:
             logger.warning("--resume: no checkpoint in {}; starting from the beginning", self.run_dir)
         roles = self.roles = build_roles(self.manifest, "train", run_dir=self.run_dir, checkpoint=checkpoint)
-        self.dist, self.device, self.tokenizer, self.sampling = roles.dist, roles.device, roles.tokenizer, roles.sampling
-        self.actor, self.critic, self.reference, self.rollout = roles.actor, roles.critic, roles.reference, roles.rollout
+        self.dist, self.device, self.tokenizer, self.sampling = (
+            roles.dist,
+            roles.device,
+            roles.tokenizer,
+            roles.sampling,
+        )
+        self.actor, self.critic, self.reference, self.rollout = (
+            roles.actor,
+            roles.critic,
+            roles.reference,
+            roles.rollout,
+        )
         self.estimator, self.policy_loss, self.objective = roles.estimator, roles.policy_loss, roles.objective
-        self.scorer, self.shapers, self.filters, self.sinks = roles.scorer, list(roles.shapers), list(roles.filters), list(roles.sinks)
+        self.scorer, self.shapers, self.filters, self.sinks = (
+            roles.scorer,
+            list(roles.shapers),
+            list(roles.filters),
+            list(roles.sinks),
+        )
         self.train_set, self.val_set, self.total_steps = roles.train_set, roles.val_set, roles.total_steps
-        self._peak_tflops = peak_tflops(torch.cuda.get_device_name(self.device)) if self.device.startswith("cuda") else None
+        self._peak_tflops = (
+            peak_tflops(torch.cuda.get_device_name(self.device)) if self.device.startswith("cuda") else None
+        )
         selected = self.manifest.component("rollout.engine")
         self._memory_knobs = {"gen": generation_knobs(selected.component.name, selected.component.options)}
         try:
             self.cursor = self._cursor()
             if checkpoint is not None:
                 with self._stored_weights():
-                    self.checkpointer.restore(checkpoint, optimizers=self.optimizers, schedulers=self.schedulers,
-                                              modules=self.modules, dist=self.dist)
+                    self.checkpointer.restore(
+                        checkpoint,
+                        optimizers=self.optimizers,
+                        schedulers=self.schedulers,
+                        modules=self.modules,
+                        dist=self.dist,
+                    )
                 self.step = roles.start_step
                 self.cursor.load(roles.checkpoint_state["data"])
                 logger.info("resumed from {} (step {})", checkpoint, self.step)
@@ -110,35 +146,62 @@ class RLTrainer:
         staleness = self.cfg.rollout.max_staleness or 0
         if saved is None:
             if staleness > 0:
-                logger.warning("checkpoint {} holds no in-flight batches (written by an older rlcore): the background "
-                               "rollouts restart their lag from the restored weights, so the next {} step(s) differ "
-                               "from an uninterrupted run's", checkpoint, staleness)
+                logger.warning(
+                    "checkpoint {} holds no in-flight batches (written by an older rlcore): the background "
+                    "rollouts restart their lag from the restored weights, so the next {} step(s) differ "
+                    "from an uninterrupted run's",
+                    checkpoint,
+                    staleness,
+                )
             return None
         if saved["max_staleness"] != staleness:
-            logger.warning("checkpoint {} was written at max_staleness = {} and this run has {}: its {} in-flight "
-                           "batch(es) are dropped and regenerated from the restored weights (not an exact resume)",
-                           checkpoint, saved["max_staleness"], staleness, len(saved["batches"]))
+            logger.warning(
+                "checkpoint {} was written at max_staleness = {} and this run has {}: its {} in-flight "
+                "batch(es) are dropped and regenerated from the restored weights (not an exact resume)",
+                checkpoint,
+                saved["max_staleness"],
+                staleness,
+                len(saved["batches"]),
+            )
             return None
         return saved["batches"]
 
     def _scheduler(self, in_flight: list | None = None):
         """Rollout and training take turns, or rollouts run in the background ([rollout] max_staleness)."""
         staleness = self.cfg.rollout.max_staleness
-        filling = Filling(shapers=self.shapers, filters=self.filters, score_chunks=self.cfg.rollout.score_chunks,
-                          groups=self.cfg.data.prompts_per_step // self.dist.world)
-        inputs = StepInputs(self.train_set.prompts, self.cfg.data.gen_batch_size or self.cfg.data.prompts_per_step,
-                            self.sampling, self.dist.shard)
+        filling = Filling(
+            shapers=self.shapers,
+            filters=self.filters,
+            score_chunks=self.cfg.rollout.score_chunks,
+            groups=self.cfg.data.prompts_per_step // self.dist.world,
+        )
+        inputs = StepInputs(
+            self.train_set.prompts,
+            self.cfg.data.gen_batch_size or self.cfg.data.prompts_per_step,
+            self.sampling,
+            self.dist.shard,
+        )
         maker = BatchMaker(self.scorer, self.tokenizer, inputs, filling)
         if staleness is None:
-            if self.step and not self.engine.shares_actor:  # an engine holding its own weights still has the initial ones
+            if (
+                self.step and not self.engine.shares_actor
+            ):  # an engine holding its own weights still has the initial ones
                 self.rollout.sync_weights(self.actor.weights_to_sync())
             return InTurn(self.rollout, maker, self.actor.weights_to_sync, self.cursor)
         logger.info(
             "rollouts in the background, at most {} step(s) behind the trainer; rollout_correction = {}",
-            staleness, self.cfg.algorithm.rollout_correction,
+            staleness,
+            self.cfg.algorithm.rollout_correction,
         )
-        return Background(self.rollout, maker, self.actor.weights_to_sync, self.step, self.cursor,
-                          max_staleness=staleness, in_flight=in_flight)
+        return Background(
+            self.rollout,
+            maker,
+            self.actor.weights_to_sync,
+            self.step,
+            self.cursor,
+            max_staleness=staleness,
+            in_flight=in_flight,
+        )
 
     @property
     def engine(self):
@@ -179,7 +242,9 @@ class RLTrainer:
             members[prompt.data_source].append(i)
         startup_checks.source_weights_cover(self.manifest, sorted(members), self.train_set.source)
         counts = shares(d.prompts_per_step, {k: v for k, v in d.source_weights.items() if v > 0})
-        logger.info("prompts a step by data source: {}", ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        logger.info(
+            "prompts a step by data source: {}", ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        )
         return MixedCursor(dict(members), dict(d.source_weights), seed=self.cfg.run.seed, shuffle=d.shuffle)
 
     # ------------------------------------------------------------------ the loop
@@ -188,8 +253,13 @@ class RLTrainer:
         finished = False
         try:
             t = self.cfg.trainer
-            self.memory_history = MemoryHistory(t.memory_snapshot_steps, t.memory_snapshot_on_oom, self.run_dir,
-                                                cuda=self.device.startswith("cuda"), rank=self.dist.rank)
+            self.memory_history = MemoryHistory(
+                t.memory_snapshot_steps,
+                t.memory_snapshot_on_oom,
+                self.run_dir,
+                cuda=self.device.startswith("cuda"),
+                rank=self.dist.rank,
+            )
             with StopRequest() as stop, self.memory_history.run():
                 self._fit(stop)
             finished = True
@@ -219,13 +289,20 @@ class RLTrainer:
     def _fit(self, stop: StopRequest) -> None:
         t, steps = self.cfg.trainer, self.total_steps
         if self.step and self.step >= steps:
-            logger.info("the run is already complete: its checkpoint is at step {} of trainer.steps = {}, so there is "
-                        "nothing to train; to train on, raise the steps (--set trainer.steps={})",
-                        self.step, steps, self.step + max(1, t.save_every or 1))
+            logger.info(
+                "the run is already complete: its checkpoint is at step {} of trainer.steps = {}, so there is "
+                "nothing to train; to train on, raise the steps (--set trainer.steps={})",
+                self.step,
+                steps,
+                self.step + max(1, t.save_every or 1),
+            )
         if self.step == 0 and t.eval_before_train and self.val_set is not None:
             self._log(self.evaluate(), self.step)
         while self.step < steps:
-            with self.memory_history.step(self.step + 1), profiled(self.step + 1, t.profile_steps, self.run_dir):
+            with (
+                self.memory_history.step(self.step + 1),
+                profiled(self.step + 1, t.profile_steps, self.run_dir),
+            ):
                 metrics = self.train_step()
             self.step += 1
             self._log(metrics, self.step)
@@ -274,7 +351,9 @@ class RLTrainer:
         scored = record.scored
         # Group ids unique across ranks, however many groups each kept (dynamic sampling).
         per_rank = self.cfg.data.prompts_per_step // self.dist.world
-        batch = build_batch(scored.trajectories, scored.scores, scored.params.n, group_offset=self.dist.rank * per_rank)
+        batch = build_batch(
+            scored.trajectories, scored.scores, scored.params.n, group_offset=self.dist.rank * per_rank
+        )
         padding = getattr(scored, "padding", [])  # (a batch in flight saved before it had the field: none)
         if padding:
             batch.response_mask[torch.tensor(padding, dtype=torch.bool)] = 0
@@ -287,7 +366,12 @@ class RLTrainer:
     def prepare(self, record: StepRecord) -> None:
         """What the update and the estimator read beside the batch: old log-probs (when several
         optimizer steps need them fixed before the first), reference log-probs, values."""
-        algo, batch, timer, temperature = self.cfg.algorithm, record.batch, record.timer, record.params.temperature
+        algo, batch, timer, temperature = (
+            self.cfg.algorithm,
+            record.batch,
+            record.timer,
+            record.params.temperature,
+        )
         self.actor.module.train()
         # With one optimizer step per batch, the update's own forward pass runs on the current
         # weights, the PPO ratio's "old" policy: its detached log-probs are the old ones, at no
@@ -298,8 +382,11 @@ class RLTrainer:
         if record.recomputed_old:
             with timer("old_log_prob"):
                 batch.tensors["old_logprobs"] = self.actor.logprobs(batch, temperature)
-            record.metrics.update(mismatch_metrics(mismatch_sums(batch.tensors["old_logprobs"], batch.rollout_logprobs,
-                                                                 batch.response_mask)))
+            record.metrics.update(
+                mismatch_metrics(
+                    mismatch_sums(batch.tensors["old_logprobs"], batch.rollout_logprobs, batch.response_mask)
+                )
+            )
         if self.reference is not None:
             with timer("ref"), self.reference.policy() as ref:
                 model = None if ref is self.actor.module else ref
@@ -314,7 +401,9 @@ class RLTrainer:
 
     def update(self, record: StepRecord) -> None:
         with record.timer("update_actor"):
-            record.metrics.update(self.update_actor(record.batch, record.params.temperature, has_old=record.recomputed_old))
+            record.metrics.update(
+                self.update_actor(record.batch, record.params.temperature, has_old=record.recomputed_old)
+            )
         if self.critic is not None:
             with record.timer("update_critic"):
                 record.metrics.update(self.critic.update(record.batch))
@@ -332,14 +421,22 @@ class RLTrainer:
         metrics.update(timer.times)
         metrics.update(timer.memory)
         if "timing_s/wait_rollout" in metrics:
-            metrics["async/trainer_wait_fraction"] = metrics["timing_s/wait_rollout"] / max(metrics["timing_s/step"], 1e-9)
+            metrics["async/trainer_wait_fraction"] = metrics["timing_s/wait_rollout"] / max(
+                metrics["timing_s/step"], 1e-9
+            )
         metrics.update(self._batch_metrics(batch, record.trajectories))
         tokens = sum(batch.sequence_lengths())
         metrics["perf/total_num_tokens"] = tokens
         # verl's perf/throughput is per GPU: this rank's tokens per second (ranks average it).
-        metrics["perf/throughput"] = metrics["perf/throughput_total"] = tokens / max(timer.times["timing_s/step"], 1e-9)
-        utilisation = mfu(self.actor.parameter_count, tokens * algo.ppo_epochs, timer.times["timing_s/update_actor"],
-                          self._peak_tflops)
+        metrics["perf/throughput"] = metrics["perf/throughput_total"] = tokens / max(
+            timer.times["timing_s/step"], 1e-9
+        )
+        utilisation = mfu(
+            self.actor.parameter_count,
+            tokens * algo.ppo_epochs,
+            timer.times["timing_s/update_actor"],
+            self._peak_tflops,
+        )
         if utilisation is not None:
             metrics["perf/mfu/actor"] = utilisation
         metrics["training/epoch"] = self.cursor.epoch
@@ -349,8 +446,14 @@ class RLTrainer:
     # ------------------------------------------------------------------ pieces of a step
 
     def update_actor(self, batch: RolloutBatch, temperature: float, has_old: bool) -> dict[str, float]:
-        return self.actor.update(batch, temperature, has_old, self.policy_loss, self.objective,
-                                 norm_length=self.cfg.algorithm.loss_norm_length or self.cfg.data.max_response_tokens)
+        return self.actor.update(
+            batch,
+            temperature,
+            has_old,
+            self.policy_loss,
+            self.objective,
+            norm_length=self.cfg.algorithm.loss_norm_length or self.cfg.data.max_response_tokens,
+        )
 
     def _advantages(self, batch: RolloutBatch, metrics: dict[str, Any]) -> None:
         algo = self.cfg.algorithm
@@ -390,7 +493,11 @@ class RLTrainer:
         width = max(p["response_mask"].shape[1] for p in parts)
         pad = lambda t: None if t is None else torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
         merged = {
-            f: (None if parts[0][f] is None else torch.cat([p[f] if p[f].dim() == 1 else pad(p[f]) for p in parts]))
+            f: (
+                None
+                if parts[0][f] is None
+                else torch.cat([p[f] if p[f].dim() == 1 else pad(p[f]) for p in parts])
+            )
             for f in fields
         }
         advantages, returns = self.estimator(AdvantageInput(**merged))
@@ -398,7 +505,6 @@ class RLTrainer:
         rows = slice(start, start + local.scores.shape[0])
         cols = local.response_mask.shape[1]
         return advantages[rows, :cols], returns[rows, :cols]
-
 
     def _batch_metrics(self, batch: RolloutBatch, trajectories: list[Trajectory]) -> dict[str, float]:
         mask = batch.response_mask
@@ -417,8 +523,12 @@ class RLTrainer:
         if "values" in batch.tensors:
             out.update(_masked_stats("critic/values", batch.tensors["values"], mask))
         out.update(_stats("response_length", all_lengths))
-        out["response_length/clip_ratio"] = float(sum(t.finish_reason == "length" for t in trajectories)) / max(len(trajectories), 1)
-        out.update(_stats("prompt_length", torch.tensor([len(p) for p in batch.prompt_ids], dtype=torch.float32)))
+        out["response_length/clip_ratio"] = float(
+            sum(t.finish_reason == "length" for t in trajectories)
+        ) / max(len(trajectories), 1)
+        out.update(
+            _stats("prompt_length", torch.tensor([len(p) for p in batch.prompt_ids], dtype=torch.float32))
+        )
         out["response/model_tokens/mean"] = lengths.mean().item()
         if any(t.num_turns > 1 or t.tool_calls for t in trajectories):
             out.update(_stats("agent/num_turns", torch.tensor([float(t.num_turns) for t in trajectories])))
@@ -436,14 +546,24 @@ class RLTrainer:
     @progress.during("validating", within_step=False)
     def evaluate(self) -> dict[str, float]:
         assert self.val_set is not None
-        return validate(self.roles, self.val_set.prompts, self.step, quiet=self.scheduler.quiet, sinks=self.sinks,
-                        log_generations=self.cfg.trainer.log_val_generations)
+        return validate(
+            self.roles,
+            self.val_set.prompts,
+            self.step,
+            quiet=self.scheduler.quiet,
+            sinks=self.sinks,
+            log_generations=self.cfg.trainer.log_val_generations,
+        )
 
     @progress.during("saving a checkpoint", within_step=False)
     def save(self) -> Path:
         # Batches in flight were (or will be) made by weights older than these: saved as they are.
         in_flight = self.scheduler.in_flight() if isinstance(self.scheduler, Background) else []
-        objects = {IN_FLIGHT: {"max_staleness": self.cfg.rollout.max_staleness, "batches": in_flight}} if in_flight else None
+        objects = (
+            {IN_FLIGHT: {"max_staleness": self.cfg.rollout.max_staleness, "batches": in_flight}}
+            if in_flight
+            else None
+        )
         with self._stored_weights():
             return self.checkpointer.save(
                 self.step,
@@ -452,9 +572,17 @@ class RLTrainer:
                 optimizers=self.optimizers,
                 schedulers=self.schedulers,
                 modules=self.modules,
-                state={"data": self.cursor.state(), "world_size": self.dist.world, "fsdp": self.dist.sharded,
-                       # this step's validation, for [trainer] keep_best
-                       **({"validation": self.validation[1]} if self.validation and self.validation[0] == self.step else {})},
+                state={
+                    "data": self.cursor.state(),
+                    "world_size": self.dist.world,
+                    "fsdp": self.dist.sharded,
+                    # this step's validation, for [trainer] keep_best
+                    **(
+                        {"validation": self.validation[1]}
+                        if self.validation and self.validation[0] == self.step
+                        else {}
+                    ),
+                },
                 dist=self.dist,
                 rank_objects=objects,
             )

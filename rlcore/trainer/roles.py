@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from loguru import logger
 
@@ -83,8 +84,13 @@ class Roles:
         return out + [self.dist.close]
 
 
-def build_roles(manifest: ResolvedManifest, purpose: str, *, run_dir: str | Path | None = None,
-                checkpoint: Path | None = None) -> Roles:
+def build_roles(
+    manifest: ResolvedManifest,
+    purpose: str,
+    *,
+    run_dir: str | Path | None = None,
+    checkpoint: Path | None = None,
+) -> Roles:
     """The roles ``purpose`` (one of :data:`PURPOSES`) needs, around the weights of ``checkpoint``
     when one is given. What was started before a failure (reward workers, an engine process) is
     closed before the error propagates."""
@@ -102,8 +108,13 @@ def build_roles(manifest: ResolvedManifest, purpose: str, *, run_dir: str | Path
         raise
 
 
-def _build_roles(manifest: ResolvedManifest, purpose: str, run_dir, checkpoint: Path | None,
-                 started: list[Callable[[], None]]) -> Roles:
+def _build_roles(
+    manifest: ResolvedManifest,
+    purpose: str,
+    run_dir,
+    checkpoint: Path | None,
+    started: list[Callable[[], None]],
+) -> Roles:
     from rlcore.trainer import models, precision, startup_checks
     from rlcore.trainer.actor import Actor
     from rlcore.trainer.batching import Batching
@@ -122,9 +133,15 @@ def _build_roles(manifest: ResolvedManifest, purpose: str, run_dir, checkpoint: 
     model_cfg = models.materialize_gguf(cfg.model)
     tokenizer = models.load_tokenizer(model_cfg)
     context = BuildContext.from_manifest(
-        manifest, run_dir=None if run_dir is None else str(run_dir), device=device, dtype=prec.compute,
-        model_path=model_cfg.path, gguf_file=model_cfg.gguf_file, tokenizer=tokenizer,
-        resume_step=start_step if state is not None else None, total_steps=cfg.trainer.steps if training else None,
+        manifest,
+        run_dir=None if run_dir is None else str(run_dir),
+        device=device,
+        dtype=prec.compute,
+        model_path=model_cfg.path,
+        gguf_file=model_cfg.gguf_file,
+        tokenizer=tokenizer,
+        resume_step=start_step if state is not None else None,
+        total_steps=cfg.trainer.steps if training else None,
     )
     train_set = val_set = None
     total_steps = None
@@ -134,8 +151,12 @@ def _build_roles(manifest: ResolvedManifest, purpose: str, run_dir, checkpoint: 
         context.total_steps = total_steps
 
     scorer = None
-    if purpose != "serve":  # the reward before the model: its worker processes fork while this process is small
-        scorer = Scorer(_reward(manifest, context), cfg.reward.timeout_s, cfg.reward.workers, cfg.reward.batch_timeout_s)
+    if (
+        purpose != "serve"
+    ):  # the reward before the model: its worker processes fork while this process is small
+        scorer = Scorer(
+            _reward(manifest, context), cfg.reward.timeout_s, cfg.reward.workers, cfg.reward.batch_timeout_s
+        )
         started.append(scorer.close)
         for dataset in filter(None, (train_set, val_set)):
             _check_data(scorer, dataset)
@@ -143,8 +164,13 @@ def _build_roles(manifest: ResolvedManifest, purpose: str, run_dir, checkpoint: 
     if purpose == "serve":
         actor, module = None, _served_module(manifest, model_cfg, prec, device, checkpoint)
     else:
-        batching = Batching(dist, device, cfg.trainer.micro_batch_tokens, cfg.algorithm.mini_batches,
-                            models.shares_prompts(cfg.model, device, prec.compute))
+        batching = Batching(
+            dist,
+            device,
+            cfg.trainer.micro_batch_tokens,
+            cfg.algorithm.mini_batches,
+            models.shares_prompts(cfg.model, device, prec.compute),
+        )
         actor = Actor(cfg, model_cfg, prec, dist, device, batching, checkpoint, train=training)
         module = actor.module
     if module is not None:
@@ -154,7 +180,9 @@ def _build_roles(manifest: ResolvedManifest, purpose: str, run_dir, checkpoint: 
     if training:
         algorithm = _algorithm(manifest, context, actor, model_cfg, prec, dist, device, batching, tokenizer)
     if purpose != "serve":
-        context.tools = {s.role.split(".", 1)[1]: s.component.build(s.options, context) for s in manifest.roles("tools")}
+        context.tools = {
+            s.role.split(".", 1)[1]: s.component.build(s.options, context) for s in manifest.roles("tools")
+        }
     if training:
         # Score shapers and batch filters ([shapers.NAME], [filters.NAME]), in the manifest's order.
         algorithm["shapers"] = tuple(s.component.build(s.options, context) for s in manifest.roles("shapers"))
@@ -172,21 +200,45 @@ def _build_roles(manifest: ResolvedManifest, purpose: str, run_dir, checkpoint: 
 
         if takes_adapters(engine):
             actor.engine_lora = adapter_spec(actor.module)
-            logger.info("LoRA: the engine receives the adapters alone at each weight sync (rank {})", cfg.model.lora.rank)
+            logger.info(
+                "LoRA: the engine receives the adapters alone at each weight sync (rank {})",
+                cfg.model.lora.rank,
+            )
     agent = _build(manifest, "agent.loop", context) if purpose != "serve" else None
     rollout = Rollout(engine, agent, actor)
-    sampling = Sampling(cfg.rollout, cfg.data.max_response_tokens, eos_ids(tokenizer, module), cfg.run.seed,
-                        dist.rank)
+    sampling = Sampling(
+        cfg.rollout, cfg.data.max_response_tokens, eos_ids(tokenizer, module), cfg.run.seed, dist.rank
+    )
     sinks = ()
     if training and dist.is_main:
         sinks = tuple(s.component.build(s.options, context) for s in manifest.roles("loggers"))
-    return Roles(purpose=purpose, context=context, device=device, dist=dist, precision=prec, model_cfg=model_cfg,
-                 tokenizer=tokenizer, actor=actor, rollout=rollout, sampling=sampling, start_step=start_step,
-                 checkpoint=checkpoint, checkpoint_state=state, total_steps=total_steps, engine_process=engine_process,
-                 scorer=scorer, train_set=train_set, val_set=val_set, sinks=sinks, **algorithm)
+    return Roles(
+        purpose=purpose,
+        context=context,
+        device=device,
+        dist=dist,
+        precision=prec,
+        model_cfg=model_cfg,
+        tokenizer=tokenizer,
+        actor=actor,
+        rollout=rollout,
+        sampling=sampling,
+        start_step=start_step,
+        checkpoint=checkpoint,
+        checkpoint_state=state,
+        total_steps=total_steps,
+        engine_process=engine_process,
+        scorer=scorer,
+        train_set=train_set,
+        val_set=val_set,
+        sinks=sinks,
+        **algorithm,
+    )
 
 
-def _start(manifest: ResolvedManifest, training: bool, checkpoint: Path | None, started: list) -> tuple[str, Any, Any]:
+def _start(
+    manifest: ResolvedManifest, training: bool, checkpoint: Path | None, started: list
+) -> tuple[str, Any, Any]:
     """This rank's device and process group, torch's threads and seed, and the checkpoint's
     state (None without one): ``(device, dist, state)``."""
     import torch
@@ -232,7 +284,9 @@ def _served_module(manifest: ResolvedManifest, model_cfg, prec, device: str, che
     return module
 
 
-def _algorithm(manifest, context, actor, model_cfg, prec, dist, device, batching, tokenizer) -> dict[str, Any]:
+def _algorithm(
+    manifest, context, actor, model_cfg, prec, dist, device, batching, tokenizer
+) -> dict[str, Any]:
     """The roles only training has, beside shapers and filters: reference, advantage estimator,
     policy loss (and the objective's options) and critic."""
     from rlcore.algorithms.objective import ObjectiveOptions
@@ -240,21 +294,28 @@ def _algorithm(manifest, context, actor, model_cfg, prec, dist, device, batching
     from rlcore.trainer.reference import build_reference
 
     cfg = manifest.core
-    reference = build_reference(actor.module, model_cfg, device, prec.compute) if cfg.algorithm.kl_coef > 0 else None
+    reference = (
+        build_reference(actor.module, model_cfg, device, prec.compute) if cfg.algorithm.kl_coef > 0 else None
+    )
     estimator = _build(manifest, "algorithm.advantage", context)
     policy_loss = _build(manifest, "algorithm.policy_loss", context)
     objective = ObjectiveOptions.from_algorithm(cfg.algorithm, policy_loss)
     if objective.loss_agg_mode != cfg.algorithm.loss_agg_mode:
-        logger.info("policy loss {!r} aggregates by {} (its definition), not [algorithm] loss_agg_mode = {}",
-                    manifest.component("algorithm.policy_loss").component.name, objective.loss_agg_mode,
-                    cfg.algorithm.loss_agg_mode)
+        logger.info(
+            "policy loss {!r} aggregates by {} (its definition), not [algorithm] loss_agg_mode = {}",
+            manifest.component("algorithm.policy_loss").component.name,
+            objective.loss_agg_mode,
+            cfg.algorithm.loss_agg_mode,
+        )
     critic = None
     if "critic" in manifest.component("algorithm.advantage").component.needs:
         from rlcore.trainer.critic import Critic
 
         critic = Critic(cfg, model_cfg, prec, dist, device, batching)
         startup_checks.critic_vocabulary(manifest, critic.module, tokenizer)
-    return dict(reference=reference, estimator=estimator, policy_loss=policy_loss, objective=objective, critic=critic)
+    return dict(
+        reference=reference, estimator=estimator, policy_loss=policy_loss, objective=objective, critic=critic
+    )
 
 
 def _build(manifest: ResolvedManifest, role: str, context: BuildContext):
@@ -266,8 +327,10 @@ def _reward(manifest: ResolvedManifest, context: BuildContext):
     """``[reward] function``, or a router over ``[reward.routes]`` (with it as the default)."""
     from rlcore.trainer.scoring import RoutedReward
 
-    routes = {s.role[len("reward.routes."):]: s.component.build(s.options, context)
-              for s in manifest.roles("reward.routes")}
+    routes = {
+        s.role[len("reward.routes.") :]: s.component.build(s.options, context)
+        for s in manifest.roles("reward.routes")
+    }
     default = _build(manifest, "reward.function", context) if manifest.core.reward.function else None
     return RoutedReward(routes, default) if routes else default
 
@@ -284,10 +347,17 @@ def _engine(manifest: ResolvedManifest, context: BuildContext, dist, device: str
 
     selected = manifest.component("rollout.engine")
     engine_device = startup_checks.engine_device(manifest, dist, device)
-    logger.info("rollout engine {!r} in its own process on {} (weights by {}, {} MiB buckets)",
-                selected.component.name, engine_device, r.weight_transport, r.weight_bucket_mb)
+    logger.info(
+        "rollout engine {!r} in its own process on {} (weights by {}, {} MiB buckets)",
+        selected.component.name,
+        engine_device,
+        r.weight_transport,
+        r.weight_bucket_mb,
+    )
     child = dataclasses.replace(context, actor=None, tools={}, concurrent=True, device=engine_device)
-    process = EngineProcess(selected.component, selected.options, child, device, r.weight_transport, r.weight_bucket_mb)
+    process = EngineProcess(
+        selected.component, selected.options, child, device, r.weight_transport, r.weight_bucket_mb
+    )
     return process, process
 
 
@@ -296,8 +366,14 @@ def _load_data(manifest: ResolvedManifest, context: BuildContext):
     from rlcore.data import load_prompts
 
     d = manifest.core.data
-    common = dict(tokenizer=context.tokenizer, max_prompt_tokens=d.max_prompt_tokens, prompt_key=d.prompt_key,
-                  base_dir=manifest.base_dir, chat_template_kwargs=d.chat_template_kwargs, context=context)
+    common = dict(
+        tokenizer=context.tokenizer,
+        max_prompt_tokens=d.max_prompt_tokens,
+        prompt_key=d.prompt_key,
+        base_dir=manifest.base_dir,
+        chat_template_kwargs=d.chat_template_kwargs,
+        context=context,
+    )
     try:
         train_set = load_prompts(d.train, role="train", **common)
         val_set = load_prompts(d.val, role="val", limit=d.val_max_prompts, **common) if d.val else None
@@ -306,7 +382,8 @@ def _load_data(manifest: ResolvedManifest, context: BuildContext):
     if len(train_set.prompts) < d.prompts_per_step:
         logger.warning(
             "data.train has {} usable prompts, fewer than data.prompts_per_step = {}: prompts repeat within a step",
-            len(train_set.prompts), d.prompts_per_step,
+            len(train_set.prompts),
+            d.prompts_per_step,
         )
     return train_set, val_set
 
@@ -327,6 +404,11 @@ def _total_steps(cfg, usable_prompts: int) -> int:
         return t.steps
     drawn = d.gen_batch_size or d.prompts_per_step
     steps = max(1, math.ceil(t.total_epochs * usable_prompts / drawn))
-    logger.info("total_epochs = {:g}: {} steps of {} prompts over {} usable prompts", t.total_epochs, steps, drawn,
-                usable_prompts)
+    logger.info(
+        "total_epochs = {:g}: {} steps of {} prompts over {} usable prompts",
+        t.total_epochs,
+        steps,
+        drawn,
+        usable_prompts,
+    )
     return steps

@@ -3,7 +3,7 @@ sleep after it (colocated engines free their caches while the trainer runs)."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from rlcore import progress
 from rlcore.interfaces import AgentLoop, Prompt, RolloutEngine, SamplingParams, Trajectory

@@ -22,12 +22,13 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from rlcore.testing.faults import fault_point
 from rlcore.trainer.data_cursor import DataCursor
 from rlcore.trainer.filling import BatchMaker, ScoredBatch
 from rlcore.trainer.rollout import Rollout
+
 
 class InTurn:
     """Generate, then train, then sync the engine, one after another."""
@@ -66,8 +67,16 @@ class Background:
     ``max_staleness + 1`` snapshots of the weights may be held at once.
     """
 
-    def __init__(self, rollout: Rollout, maker: BatchMaker, weights: Callable[[], Iterable], step: int, cursor: DataCursor,
-                 max_staleness: int, in_flight: list[ScoredBatch] | None = None):
+    def __init__(
+        self,
+        rollout: Rollout,
+        maker: BatchMaker,
+        weights: Callable[[], Iterable],
+        step: int,
+        cursor: DataCursor,
+        max_staleness: int,
+        in_flight: list[ScoredBatch] | None = None,
+    ):
         """``in_flight``: the batches a checkpoint saved (see :meth:`in_flight`), trained first, as
         in the run that saved them."""
         self.rollout, self.maker, self.weights = rollout, maker, weights
@@ -96,8 +105,10 @@ class Background:
     def next_batch(self, step: int, timer) -> ScoredBatch:
         """Step ``step``'s batch, waited for; the trainer asks for its steps in order."""
         if step != self.trained:
-            raise RuntimeError(f"the trainer asked for step {step + 1}'s batch; the background thread makes step "
-                               f"{self.trained + 1}'s next")
+            raise RuntimeError(
+                f"the trainer asked for step {step + 1}'s batch; the background thread makes step "
+                f"{self.trained + 1}'s next"
+            )
         if self._thread is None:
             self._thread = threading.Thread(target=self._produce, name="rlcore-rollout", daemon=True)
             self._thread.start()
@@ -126,7 +137,11 @@ class Background:
         if self._thread is None:
             self._thread = threading.Thread(target=self._produce, name="rlcore-rollout", daemon=True)
             self._thread.start()
-        wanted = [s for s in range(self.trained, self.trained + self.max_staleness) if self._version_for(s) < self.version]
+        wanted = [
+            s
+            for s in range(self.trained, self.trained + self.max_staleness)
+            if self._version_for(s) < self.version
+        ]
         with self._changed:
             while not all(s in self._results for s in wanted):
                 if not self._thread.is_alive():
@@ -217,7 +232,9 @@ class Background:
             try:
                 self._sync_engine(self._version_for(step))
                 fault_point("generate")
-                result = self.maker.make(self.rollout.generate_concurrently, step, self.cursor, self._engine_version)
+                result = self.maker.make(
+                    self.rollout.generate_concurrently, step, self.cursor, self._engine_version
+                )
                 busy = result.metrics["timing_s/gen"] + result.metrics["timing_s/reward"]
             except BaseException as exc:  # noqa: BLE001 - handed to the trainer, which raises it
                 result = exc

@@ -3,7 +3,8 @@ decoded trajectories."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rlcore import progress
 from rlcore.errors import UsageError
@@ -16,7 +17,9 @@ class RoutedReward:
     with ``default`` (``[reward] function``) for the sources without a route."""
 
     def __init__(self, routes: dict[str, Callable[..., Any]], default: Callable[..., Any] | None):
-        batched = [source for source, fn in {**routes, "(default)": default}.items() if getattr(fn, "batched", False)]
+        batched = [
+            source for source, fn in {**routes, "(default)": default}.items() if getattr(fn, "batched", False)
+        ]
         if batched:
             raise UsageError(
                 f"[reward.routes]: the reward of {', '.join(map(repr, batched))} is a batched reward (a reward model or "
@@ -64,7 +67,9 @@ class Scorer:
         self.batched = bool(getattr(reward_fn, "batched", False))
         # Per-item rewards run in worker processes, forked while the trainer's process is still
         # small; a batched one runs here (see BatchRewardFunction).
-        self.runner = None if self.batched else RewardRunner(reward_fn, timeout_s=timeout_s, workers=workers).start()
+        self.runner = (
+            None if self.batched else RewardRunner(reward_fn, timeout_s=timeout_s, workers=workers).start()
+        )
 
     def check_data(self, prompts: list[Prompt], source_name: str) -> None:
         """Fail early, naming the file and row, on rows the reward cannot score."""
@@ -75,7 +80,9 @@ class Scorer:
         scores, metrics, _ = self.score_items(trajectories, tokenizer)
         return scores, metrics
 
-    def score_items(self, trajectories: list[Trajectory], tokenizer) -> tuple[list[float], dict[str, float], list[dict[str, float]]]:
+    def score_items(
+        self, trajectories: list[Trajectory], tokenizer
+    ) -> tuple[list[float], dict[str, float], list[dict[str, float]]]:
         """As :meth:`score`, and each item's own reward metrics (an ``acc`` for dynamic sampling)."""
         groups: dict[int, int] = {}
         items = [

@@ -55,7 +55,9 @@ def checkpoint_matches(manifest, checkpoint, state: dict[str, Any], dist: Any) -
 
     written_by = int(state.get("world_size", 1))
     if written_by != dist.world:
-        raise RlcoreError(f"checkpoint {checkpoint} was written by {written_by} ranks; resume it with as many")
+        raise RlcoreError(
+            f"checkpoint {checkpoint} was written by {written_by} ranks; resume it with as many"
+        )
     if bool(state.get("fsdp", written_by > 1)) != dist.sharded:
         said = "with" if dist.sharded else "without"
         raise UsageError(
@@ -69,7 +71,11 @@ def filters_select_groups(manifest, filters: Any) -> None:
     """``[data] gen_batch_size`` above ``prompts_per_step`` needs a batch filter that selects
     groups; without one every generated group would train."""
     d = manifest.core.data
-    if d.gen_batch_size and d.gen_batch_size != d.prompts_per_step and not any(hasattr(f, "select") for f in filters):
+    if (
+        d.gen_batch_size
+        and d.gen_batch_size != d.prompts_per_step
+        and not any(hasattr(f, "select") for f in filters)
+    ):
         raise UsageError(
             f"{manifest.path}: [data] gen_batch_size = {d.gen_batch_size} differs from prompts_per_step = "
             f"{d.prompts_per_step}, and with no batch filter selecting groups ([filters.dynamic_sampling]) every "
@@ -88,7 +94,7 @@ def engine_device(manifest, dist: Any, device: str) -> str:
         if dist.world > 1 and wanted.startswith("cuda"):
             raise UsageError(
                 f"{manifest.path}: [rollout] engine_device = {wanted!r} would put every rank's engine on one "
-                "GPU; give one device per local rank (engine_device = [\"cuda:4\", \"cuda:5\", ...]) or leave "
+                'GPU; give one device per local rank (engine_device = ["cuda:4", "cuda:5", ...]) or leave '
                 "it out (each engine on its rank's GPU)"
             )
         return wanted
@@ -128,9 +134,14 @@ def source_weights_cover(manifest, sources: list[str], train_source: str) -> Non
     unweighted = sorted(set(sources) - set(weights))
     missing = sorted(set(weights) - set(sources))
     if unweighted or missing:
-        problems = ([f"the sources {unweighted} of data.train have no weight (0 leaves one out)"] if unweighted else [])
-        problems += ([f"{missing} are not data sources of data.train"] if missing else [])
+        problems = (
+            [f"the sources {unweighted} of data.train have no weight (0 leaves one out)"]
+            if unweighted
+            else []
+        )
+        problems += [f"{missing} are not data sources of data.train"] if missing else []
         raise UsageError(
-            f"{manifest.path}: [data] source_weights: " + "; ".join(problems)
+            f"{manifest.path}: [data] source_weights: "
+            + "; ".join(problems)
             + f"; the sources of {train_source}: {sorted(sources)}"
         )

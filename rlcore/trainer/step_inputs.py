@@ -4,8 +4,9 @@ into the trainer, so it can fill a batch in any thread, for any step, with nothi
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from rlcore.interfaces import Prompt, SamplingParams
 from rlcore.manifest.schema import RolloutTable

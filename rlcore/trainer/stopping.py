@@ -41,7 +41,7 @@ class StopRequest:
         self.signum = 0
         self._previous: dict[int, object] = {}
 
-    def __enter__(self) -> "StopRequest":
+    def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
             for signum in SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
@@ -64,7 +64,8 @@ class StopRequest:
         quiet = os.environ.get("RANK", "0") != "0"
         logger.bind(file_only=quiet).warning(
             "received {}: finishing this step, then writing a checkpoint (send it again to stop at once)",
-            signal.Signals(signum).name)
+            signal.Signals(signum).name,
+        )
 
     def agreed(self, dist) -> int:
         """The signal any rank received (0 for none): every rank calls this at the end of a step."""

@@ -14,7 +14,8 @@ import math
 import re
 import warnings
 from collections import defaultdict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from loguru import logger
@@ -28,8 +29,17 @@ from rlcore.trainer.distributed import Distributed, clip_grad_norm
 MicroStep = Callable[[MicroBatch], tuple[torch.Tensor, dict[str, Any]]]
 
 
-def run_updates(role, batch: RolloutBatch, *, epochs: int, batching: Batching, dist: Distributed, grad_clip: float,
-                mini_batch: Callable[[list[int], float], MicroStep], prefix: str) -> dict[str, float]:
+def run_updates(
+    role,
+    batch: RolloutBatch,
+    *,
+    epochs: int,
+    batching: Batching,
+    dist: Distributed,
+    grad_clip: float,
+    mini_batch: Callable[[list[int], float], MicroStep],
+    prefix: str,
+) -> dict[str, float]:
     """``epochs`` passes over ``batch``'s mini-batches, one optimizer step of ``role`` each; the
     mean over the steps of every metric, and ``{prefix}/grad_norm`` (``{prefix}/skipped_updates``
     counts steps left out for a non-finite gradient). ``mini_batch(rows, tokens)`` gets the
@@ -49,7 +59,9 @@ def run_updates(role, batch: RolloutBatch, *, epochs: int, batching: Batching, d
             # Metrics stay on the device until the mini-batch ends: a read-back per micro-batch
             # would stall the GPU between its forward and backward passes.
             acc: dict[str, Any] = defaultdict(float)
-            for micro in progress.each(batching.micro_batches(batch, rows), f"updating the {prefix}", "micro-batches"):
+            for micro in progress.each(
+                batching.micro_batches(batch, rows), f"updating the {prefix}", "micro-batches"
+            ):
                 if micro is None:
                     role.dummy_forward().backward()
                     continue
@@ -72,7 +84,9 @@ def run_updates(role, batch: RolloutBatch, *, epochs: int, batching: Batching, d
     empty = f"{prefix}/empty_mini_batches"
     with warnings.catch_warnings():
         if empty in sums and f"{prefix}/grad_norm" not in sums:  # no step this time, and maybe never yet
-            warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()` before `optimizer.step()`"))
+            warnings.filterwarnings(
+                "ignore", re.escape("Detected call of `lr_scheduler.step()` before `optimizer.step()`")
+            )
         role.scheduler.step()  # once a batch, as always: the schedule counts trainer steps
     out = {k: sum(v) / len(v) for k, v in sums.items()}
     if empty in sums:  # a count, not a mean; a batch of padding only has no gradient at all

@@ -9,14 +9,21 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from rlcore.interfaces import Prompt, Trajectory
 
 
-def validate(roles: Any, prompts: Sequence[Prompt], step: int, *,
-             quiet: Callable[[], Any] = contextlib.nullcontext, sinks: Sequence[Any] = (),
-             log_generations: int = 0) -> dict[str, float]:
+def validate(
+    roles: Any,
+    prompts: Sequence[Prompt],
+    step: int,
+    *,
+    quiet: Callable[[], Any] = contextlib.nullcontext,
+    sinks: Sequence[Any] = (),
+    log_generations: int = 0,
+) -> dict[str, float]:
     """``val/*`` metrics of ``prompts`` (every rank's share gathered): the mean reward, and per
     data source its mean reward, pass@1 and, with several samples, pass@k. ``quiet()`` holds off
     background rollouts while the engine validates; the first ``log_generations`` samples go to
@@ -28,7 +35,8 @@ def validate(roles: Any, prompts: Sequence[Prompt], step: int, *,
     scores, _ = roles.scorer.score(trajectories, roles.tokenizer)
     log_samples(trajectories, scores, roles.tokenizer, step, sinks, log_generations)
     results = [
-        (t.prompt.data_source or "default", t.prompt.index, s, len(t.response_ids)) for t, s in zip(trajectories, scores)
+        (t.prompt.data_source or "default", t.prompt.index, s, len(t.response_ids))
+        for t, s in zip(trajectories, scores)
     ]
     results = [r for part in roles.dist.gather(results) for r in part]
     by_source: dict[str, list[float]] = defaultdict(list)
@@ -48,16 +56,26 @@ def validate(roles: Any, prompts: Sequence[Prompt], step: int, *,
     return metrics
 
 
-def log_samples(trajectories: list[Trajectory], scores: list[float], tokenizer: Any, step: int,
-                sinks: Sequence[Any], count: int) -> None:
+def log_samples(
+    trajectories: list[Trajectory],
+    scores: list[float],
+    tokenizer: Any,
+    step: int,
+    sinks: Sequence[Any],
+    count: int,
+) -> None:
     """The first ``count`` validation samples (this rank's), to the sinks that take them."""
     takers = [sink for sink in sinks if hasattr(sink, "log_samples")]
     if not count or not takers:
         return
     decode = tokenizer.decode
     rows = [
-        {"data_source": t.prompt.data_source or "default", "prompt": decode(t.prompt.token_ids, skip_special_tokens=True),
-         "response": decode(t.response_ids, skip_special_tokens=True), "score": float(score)}
+        {
+            "data_source": t.prompt.data_source or "default",
+            "prompt": decode(t.prompt.token_ids, skip_special_tokens=True),
+            "response": decode(t.response_ids, skip_special_tokens=True),
+            "score": float(score),
+        }
         for t, score in list(zip(trajectories, scores))[:count]
     ]
     for sink in takers:

@@ -28,12 +28,21 @@ def _readable_by_others(path: str) -> bool:
 
 def _base_interpreters() -> list[str]:
     found = [os.path.realpath(getattr(sys, "_base_executable", "") or sys.executable)]
-    found += [p for p in (shutil.which("python3"), "/usr/bin/python3", "/usr/local/bin/python3") if p and os.path.exists(p)]
+    found += [
+        p
+        for p in (shutil.which("python3"), "/usr/bin/python3", "/usr/local/bin/python3")
+        if p and os.path.exists(p)
+    ]
     return list(dict.fromkeys(found))
 
 
 def _stdlib(python: str) -> str:
-    return subprocess.run([python, "-I", "-c", "import os; print(os.path.dirname(os.__file__))"], capture_output=True, text=True, timeout=60).stdout.strip()
+    return subprocess.run(
+        [python, "-I", "-c", "import os; print(os.path.dirname(os.__file__))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
 
 
 @pytest.fixture(scope="session")
@@ -51,10 +60,15 @@ def reachable_venv():
     root = Path(tempfile.mkdtemp(prefix="rlcore-test-venv-"))
     os.chmod(root, 0o755)
     venv = root / "venv"
-    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [base, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True, timeout=120
+    )
     python = str(venv / "bin" / "python")
     purelib = subprocess.run(
-        [python, "-I", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], capture_output=True, text=True, check=True
+        [python, "-I", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     package = Path(purelib) / MARKER
     package.mkdir(parents=True)

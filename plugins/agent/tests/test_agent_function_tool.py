@@ -64,10 +64,14 @@ def test_function_tool_from_a_manifest(tmp_path):
     context = BuildContext(manifest_dir=str(tmp_path))
     tools = {role.split(".")[1]: s.component.build(s.options, context) for role, s in selected.items()}
 
-    from rlcore.testing.tools import make_chat_tokenizer
     from rlcore.registry import Registry
+    from rlcore.testing.tools import make_chat_tokenizer
 
-    loop = Registry.discover().get("agent_loop", "tool").build({}, BuildContext(tokenizer=make_chat_tokenizer(), tools=tools))
+    loop = (
+        Registry.discover()
+        .get("agent_loop", "tool")
+        .build({}, BuildContext(tokenizer=make_chat_tokenizer(), tools=tools))
+    )
     assert sorted(loop.tools) == ["distance", "shout_it"]  # the table name, unless `name` is given
 
     distance = loop.tools["distance"]

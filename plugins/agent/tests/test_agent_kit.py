@@ -25,10 +25,18 @@ class AddTool:
         self.executed = 0
 
     def schema(self):
-        return {"type": "function", "function": {
-            "name": "add", "description": "a + b",
-            "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
-                           "required": ["a", "b"]}}}
+        return {
+            "type": "function",
+            "function": {
+                "name": "add",
+                "description": "a + b",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                    "required": ["a", "b"],
+                },
+            },
+        }
 
     async def create(self, trajectory_id):
         pass
@@ -47,13 +55,27 @@ def test_the_tool_loop_passes_the_kit_calling_tools():
 
     def script(context_ids, k):
         text = tokenizer.decode(context_ids, skip_special_tokens=False)
-        if "<|im_start|>tool" not in text:  # first turn: call the tool (sample 1 of each prompt answers at once)
-            return None if k == 1 else "Let me add. <tool_call>" + json.dumps({"name": "add", "arguments": {"a": 12, "b": 30}}) + "</tool_call>"
+        if (
+            "<|im_start|>tool" not in text
+        ):  # first turn: call the tool (sample 1 of each prompt answers at once)
+            return (
+                None
+                if k == 1
+                else "Let me add. <tool_call>"
+                + json.dumps({"name": "add", "arguments": {"a": 12, "b": 30}})
+                + "</tool_call>"
+            )
         return "The answer is 42."
 
     context = BuildContext(tokenizer=tokenizer, tools={"add": tool})
-    result = check_agent_loop(discover_registry().get("agent_loop", "tool"), {"max_turns": 3}, context=context,
-                              tokenizer=tokenizer, script=script, max_new_tokens=200)
+    result = check_agent_loop(
+        discover_registry().get("agent_loop", "tool"),
+        {"max_turns": 3},
+        context=context,
+        tokenizer=tokenizer,
+        script=script,
+        max_new_tokens=200,
+    )
     trajectories = result["trajectories"]
     assert tool.executed > 0
     called = [t for t in trajectories if t.tool_calls]

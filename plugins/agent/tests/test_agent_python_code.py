@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from rlcore_agent.options import PythonToolOptions
 from rlcore_agent.python_tool import PythonTool, extract_code, print_last_expression
 

@@ -18,12 +18,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from rlcore_agent.options import PythonToolOptions  # noqa: E402
+from rlcore_agent.python_tool import PythonTool  # noqa: E402
+
 from rlcore.interfaces import BuildContext, Prompt, SamplingParams  # noqa: E402
 from rlcore.registry import Registry  # noqa: E402
 from rlcore.testing import require_plugins  # noqa: E402
 from rlcore.testing.tools import make_chat_tokenizer  # noqa: E402
-from rlcore_agent.options import PythonToolOptions  # noqa: E402
-from rlcore_agent.python_tool import PythonTool  # noqa: E402
 
 CALL = '<tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}</tool_call>'
 
@@ -39,22 +40,35 @@ def fitted_tool_caller(tok):
     torch.manual_seed(0)
     torch.set_num_threads(1)
     config = transformers.LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=2048, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, bos_token_id=None, tie_word_embeddings=False,
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
     )
     model = transformers.LlamaForCausalLM(config)
     response = tok.encode(CALL, add_special_tokens=False) + [tok.eos_token_id]
     rows = []
     for expression in ("3 + 4", "12 * 5 - 7", "2 + 2", "40 - 9 * 2", "8 * 1", "7 - 5"):
         msgs = [{"role": "user", "content": question(expression)}]
-        prompt = tok.encode(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+        prompt = tok.encode(
+            tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True),
+            add_special_tokens=False,
+        )
         rows.append((prompt, response))
     width = max(len(p) + len(r) for p, r in rows)
     pad = tok.pad_token_id
     ids = torch.tensor([p + r + [pad] * (width - len(p) - len(r)) for p, r in rows])
     labels = torch.tensor([[-100] * len(p) + r + [-100] * (width - len(p) - len(r)) for p, r in rows])
-    attention = (labels != -100) | (torch.arange(width)[None, :] < torch.tensor([len(p) for p, _ in rows])[:, None])
+    attention = (labels != -100) | (
+        torch.arange(width)[None, :] < torch.tensor([len(p) for p, _ in rows])[:, None]
+    )
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     model.train()
     for _ in range(80):
@@ -80,21 +94,33 @@ def model(tok):
 def test_tool_loop_on_the_hf_engine_with_a_real_model(tok, model):
     require_plugins("rlcore_rollout_hf")
     registry = Registry.discover()
-    engine = registry.get("rollout_engine", "hf").build({}, BuildContext(tokenizer=tok, actor=model, device="cpu"))
+    engine = registry.get("rollout_engine", "hf").build(
+        {}, BuildContext(tokenizer=tok, actor=model, device="cpu")
+    )
     tool = PythonTool(PythonToolOptions())
     loop = registry.get("agent_loop", "tool").build(
         {"max_turns": 2, "tools_in_prompt": False}, BuildContext(tokenizer=tok, tools={"python": tool})
     )
     messages = [{"role": "user", "content": question("6 * 7")}]
-    prompt = Prompt(token_ids=tok.encode(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False), messages=messages)
-    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=160, stop_token_ids=[tok.eos_token_id], seed=3)
+    prompt = Prompt(
+        token_ids=tok.encode(
+            tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+            add_special_tokens=False,
+        ),
+        messages=messages,
+    )
+    params = SamplingParams(
+        n=3, temperature=1.0, max_new_tokens=160, stop_token_ids=[tok.eos_token_id], seed=3
+    )
     out = loop.run([prompt], engine, params)
     assert len(out) == 3
     multi = [t for t in out if t.num_turns == 2]
     assert multi, [tok.decode(t.response_ids) for t in out]
     for t in multi:
         assert t.tool_calls >= 1 and t.finish_reason in ("max_turns", "length", "stop")
-        glue = tok.decode([i for i, m in zip(t.response_ids, t.response_mask) if m == 0], skip_special_tokens=False)
+        glue = tok.decode(
+            [i for i, m in zip(t.response_ids, t.response_mask) if m == 0], skip_special_tokens=False
+        )
         assert "<|im_start|>tool\n42<|im_end|>" in glue
     for t in out:
         ids = torch.tensor([t.prompt.token_ids + t.response_ids])
@@ -126,7 +152,7 @@ def test_grpo_steps_with_the_python_tool(tok, model, tmp_path):
             [run]
             name = "agent-e2e"
             device = "cpu"
-            output_dir = "{tmp_path / 'runs'}"
+            output_dir = "{tmp_path / "runs"}"
             [model]
             path = "{model_dir}"
             [data]

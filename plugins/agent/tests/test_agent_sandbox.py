@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from rlcore.testing.tools import assert_tool_conforms
 from rlcore_agent.options import PythonToolOptions
 from rlcore_agent.python_tool import PythonTool
+
+from rlcore.testing.tools import assert_tool_conforms
 
 LIMITS = dict(timeout_s=4.0, cpu_time_s=3, memory_mb=512, max_processes=8, max_output_bytes=200_000)
 
@@ -119,12 +119,16 @@ def test_network_is_unreachable(tool):
 
     thread = threading.Thread(target=accept)
     thread.start()
-    code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')"
+    code = (
+        f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')"
+    )
     result = run(tool, code)
     thread.join()
     server.close()
     assert result.error and "connected" not in result.text and not accepted
-    outside = run(tool, "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)\nprint('connected')")
+    outside = run(
+        tool, "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)\nprint('connected')"
+    )
     assert outside.error and "connected" not in outside.text.replace("Error", "")
 
 
@@ -141,9 +145,7 @@ def test_file_system_is_read_only_and_private(tool, tmp_path):
 
 def test_sandboxes_cannot_read_each_other(tool):
     """A program that lingers with a secret file cannot be read by a concurrent one."""
-    holder = (
-        "import os, time\nopen('secret.txt', 'w').write('TOPSECRET')\nprint(os.getcwd(), flush=True)\ntime.sleep(3)"
-    )
+    holder = "import os, time\nopen('secret.txt', 'w').write('TOPSECRET')\nprint(os.getcwd(), flush=True)\ntime.sleep(3)"
     host_dir = str(tool.sandbox.root)  # where the holder's directory lives on the host
     snoop = (
         "import glob, os, time\ntime.sleep(1)\nfound = []\n"
@@ -165,7 +167,9 @@ def test_64_concurrent_executions():
     tool = PythonTool(PythonToolOptions(timeout_s=120, cpu_time_s=60, max_concurrency=64))
 
     async def many():
-        return await asyncio.gather(*(tool.execute(f"t{i}", {"code": f"print({i} * {i})"}) for i in range(64)))
+        return await asyncio.gather(
+            *(tool.execute(f"t{i}", {"code": f"print({i} * {i})"}) for i in range(64))
+        )
 
     results = asyncio.run(many())
     assert [r.text for r in results] == [str(i * i) for i in range(64)]
@@ -183,7 +187,18 @@ def test_sandbox_service_and_http_mode():
 
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlcore_agent.sandbox.cli", "serve", "--port", str(port), "--timeout-s", "3", "--memory-mb", "512"],
+        [
+            sys.executable,
+            "-m",
+            "rlcore_agent.sandbox.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--timeout-s",
+            "3",
+            "--memory-mb",
+            "512",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -197,10 +212,16 @@ def test_sandbox_service_and_http_mode():
                 time.sleep(0.2)
         else:
             pytest.fail("the sandbox service did not start: " + proc.stdout.read1().decode())
-        raw = httpx.post(url + "/run_code", json={"code": "print(input() * 2)", "language": "python", "stdin": "ab"}, timeout=30).json()
+        raw = httpx.post(
+            url + "/run_code",
+            json={"code": "print(input() * 2)", "language": "python", "stdin": "ab"},
+            timeout=30,
+        ).json()
         assert raw["status"] == "Success" and raw["run_result"]["status"] == "Finished"
         assert raw["run_result"]["stdout"] == "abab\n" and raw["run_result"]["return_code"] == 0
-        slow = httpx.post(url + "/run_code", json={"code": "import time; time.sleep(30)", "run_timeout": 1}, timeout=30).json()
+        slow = httpx.post(
+            url + "/run_code", json={"code": "import time; time.sleep(30)", "run_timeout": 1}, timeout=30
+        ).json()
         assert slow["status"] == "Failed" and slow["run_result"]["status"] == "TimeLimitExceeded"
         other = httpx.post(url + "/run_code", json={"code": "x", "language": "cobol"}, timeout=30).json()
         assert other["status"] == "SandboxError" and "cobol" in other["message"]
@@ -213,7 +234,11 @@ def test_sandbox_service_and_http_mode():
     finally:
         proc.terminate()
         proc.wait(10)
-    down = asyncio.run(PythonTool(PythonToolOptions(sandbox_url=f"http://127.0.0.1:{port}")).execute("t", {"code": "print(1)"}))
+    down = asyncio.run(
+        PythonTool(PythonToolOptions(sandbox_url=f"http://127.0.0.1:{port}")).execute(
+            "t", {"code": "print(1)"}
+        )
+    )
     assert down.error and "sandbox" in down.text
 
 
@@ -225,9 +250,14 @@ def test_process_isolation_keeps_the_limits(reachable_venv):
     assert "MemoryError" in run(fallback, "x = bytearray(4 * 1024**3)").text
     result = run(fallback, "while True:\n    pass")
     assert result.error and ("CPU time" in result.text or "wall-clock" in result.text)
-    assert "output exceeded" in run(fallback, "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)").text
+    assert (
+        "output exceeded" in run(fallback, "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)").text
+    )
     if os.geteuid() == 0 or fallback.sandbox.landlock_abi >= 4:
-        blocked = run(fallback, "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=2)\nprint('connected')")
+        blocked = run(
+            fallback,
+            "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=2)\nprint('connected')",
+        )
         assert blocked.error and "connected" not in blocked.text.replace("Error", "")
     if os.geteuid() == 0:
         own = run(fallback, "import os\nprint(os.getuid())")
@@ -242,7 +272,9 @@ def test_output_overflow_never_hangs(isolation, reachable_venv):
 
     async def many():
         for _ in range(12):
-            result = await asyncio.wait_for(flood.execute("t", {"code": "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)"}), 30)
+            result = await asyncio.wait_for(
+                flood.execute("t", {"code": "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)"}), 30
+            )
             assert result.error and "output exceeded" in result.text
 
     asyncio.run(many())

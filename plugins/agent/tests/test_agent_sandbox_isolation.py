@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 from loguru import logger
-
-from rlcore.errors import UsageError
-from rlcore.registry import Registry
 from rlcore_agent.options import PythonToolOptions
 from rlcore_agent.python_tool import PythonTool
 from rlcore_agent.sandbox import landlock
 from rlcore_agent.sandbox.local import SHARED_WRITABLE, LocalSandbox
+
+from rlcore.errors import UsageError
+from rlcore.registry import Registry
 
 LIMITS = dict(timeout_s=5.0, cpu_time_s=3, memory_mb=512, max_processes=8, max_output_bytes=200_000)
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "agent_python_tool.toml"
@@ -39,7 +39,9 @@ def _path_without_bwrap(tmp_path: Path, fake_bwrap: str | None = None) -> str:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name in ("setpriv", "unshare"):
-        real = subprocess.run(["sh", "-c", f"command -v {name}"], capture_output=True, text=True).stdout.strip()
+        real = subprocess.run(
+            ["sh", "-c", f"command -v {name}"], capture_output=True, text=True
+        ).stdout.strip()
         if real:
             (bin_dir / name).symlink_to(real)
     if fake_bwrap is not None:
@@ -85,7 +87,19 @@ def test_the_weaker_mode_is_an_explicit_choice(reachable_venv):
 
 def _validate(manifest: Path, path_env: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": path_env}
-    return subprocess.run([sys.executable, "-c", "import sys; from rlcore.cli import main; sys.exit(main())", "validate", str(manifest)], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from rlcore.cli import main; sys.exit(main())",
+            "validate",
+            str(manifest),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 def test_options_flag_missing_bwrap(tmp_path, monkeypatch):
@@ -113,13 +127,20 @@ def test_validate_flags_missing_bwrap_and_old_values(tmp_path):
     manifest.write_text(text)
     flagged = _validate(manifest, _path_without_bwrap(tmp_path))
     assert flagged.returncode == 0, flagged.stdout + flagged.stderr
-    assert "bwrap is not installed on this machine" in flagged.stderr and 'isolation = "process"' in flagged.stderr
+    assert (
+        "bwrap is not installed on this machine" in flagged.stderr
+        and 'isolation = "process"' in flagged.stderr
+    )
     old = tmp_path / "old.toml"
     old.write_text(text.replace("[tools.python]\n", '[tools.python]\nisolation = "auto"\n'))
     refused = _validate(old, os.environ.get("PATH", ""))
     line = text.splitlines().index("[tools.python]") + 2
     assert refused.returncode != 0 and "Traceback" not in refused.stdout + refused.stderr
-    assert f"old.toml:{line}:" in refused.stdout and "tools.python.isolation" in refused.stdout and "'process'" in refused.stdout
+    assert (
+        f"old.toml:{line}:" in refused.stdout
+        and "tools.python.isolation" in refused.stdout
+        and "'process'" in refused.stdout
+    )
 
 
 # ----------------------------------------------------------------------------- 2. the process mode
@@ -174,7 +195,9 @@ def test_process_mode_without_landlock_sweeps_what_the_uid_left(reachable_venv, 
     _leaves_nothing(tool)
 
 
-@pytest.mark.skipif(not landlock.abi(), reason="the kernel has no Landlock: the process mode cannot hide files")
+@pytest.mark.skipif(
+    not landlock.abi(), reason="the kernel has no Landlock: the process mode cannot hide files"
+)
 def test_process_mode_hides_the_hosts_files(process_tool, tmp_path):
     fd, secret = tempfile.mkstemp(prefix="rlcore-planted-secret-", dir="/tmp")
     try:
@@ -200,8 +223,7 @@ def test_process_mode_hides_the_hosts_files(process_tool, tmp_path):
 
 
 REPORT = (
-    "import json, sys\nimport {package} as p\n"
-    "print(json.dumps([sys.executable, sys.prefix, p.__file__]))\n"
+    "import json, sys\nimport {package} as p\nprint(json.dumps([sys.executable, sys.prefix, p.__file__]))\n"
 )
 
 
@@ -228,12 +250,16 @@ def test_the_default_is_the_interpreter_running_rlcore():
     """Not its base installation: the virtual environment, with the packages installed in it."""
     package = _installed_in(sysconfig.get_path("purelib"))
     if package is None:
-        pytest.skip("none of loguru, httpx, pydantic, fastapi is installed in this interpreter's site-packages")
+        pytest.skip(
+            "none of loguru, httpx, pydantic, fastapi is installed in this interpreter's site-packages"
+        )
     tool = PythonTool(PythonToolOptions(**LIMITS))
     result = run(tool, REPORT.format(package=package))
     assert not result.error, result.text
     executable, prefix, where = json.loads(result.text)
-    assert (executable, prefix) == (sys.executable, sys.prefix) and where == importlib.util.find_spec(package).origin
+    assert (executable, prefix) == (sys.executable, sys.prefix) and where == importlib.util.find_spec(
+        package
+    ).origin
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox runs as its own uid only under root")
@@ -242,14 +268,27 @@ def test_an_interpreter_the_sandbox_user_cannot_read_is_refused(reachable_venv, 
     system's standard library, none of the packages); refused at start-up, naming the directory."""
     hidden = Path(tempfile.mkdtemp(prefix="rlcore-private-"))  # mode 700
     try:
-        base = subprocess.run([reachable_venv[0], "-I", "-c", "import sys; print(sys._base_executable)"], capture_output=True, text=True).stdout.strip()
-        subprocess.run([base, "-m", "venv", "--without-pip", str(hidden / "venv")], check=True, capture_output=True, timeout=120)
+        base = subprocess.run(
+            [reachable_venv[0], "-I", "-c", "import sys; print(sys._base_executable)"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        subprocess.run(
+            [base, "-m", "venv", "--without-pip", str(hidden / "venv")],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         with pytest.raises(UsageError) as refused:
-            PythonTool(PythonToolOptions(isolation="process", python=str(hidden / "venv/bin/python"), **LIMITS))
+            PythonTool(
+                PythonToolOptions(isolation="process", python=str(hidden / "venv/bin/python"), **LIMITS)
+            )
         message = str(refused.value)
         assert "[tools.python] python" in message and f"{hidden} is not searchable by other users" in message
         with pytest.raises(UsageError, match="cannot run it as a Python"):
-            PythonTool(PythonToolOptions(isolation="process", python=str(tmp_path / "no-such-python"), **LIMITS))
+            PythonTool(
+                PythonToolOptions(isolation="process", python=str(tmp_path / "no-such-python"), **LIMITS)
+            )
     finally:
         import shutil
 
@@ -267,7 +306,9 @@ def test_the_wall_limit_counts_from_the_start_of_the_process():
     limits = Limits(wall_s=1.5, cpu_s=5)
 
     async def many():
-        return await asyncio.gather(*(sandbox.run("import time\ntime.sleep(0.4)\nprint('ok')", limits=limits) for _ in range(5)))
+        return await asyncio.gather(
+            *(sandbox.run("import time\ntime.sleep(0.4)\nprint('ok')", limits=limits) for _ in range(5))
+        )
 
     results = asyncio.run(many())
     assert [r.status for r in results] == ["Finished"] * 5 and all(r.execution_time < 1.5 for r in results)

@@ -23,12 +23,19 @@ def row(tok, question: str, index: int, tools_kwargs=None) -> Prompt:
     messages = [{"role": "user", "content": question}]
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     extra = {} if tools_kwargs is None else {"tools_kwargs": tools_kwargs}
-    return Prompt(token_ids=tok.encode(text, add_special_tokens=False), messages=messages, index=index,
-                  data_source="gsm8k", extra_info=extra)
+    return Prompt(
+        token_ids=tok.encode(text, add_special_tokens=False),
+        messages=messages,
+        index=index,
+        data_source="gsm8k",
+        extra_info=extra,
+    )
 
 
 def build_loop(tok, tools, **options):
-    return Registry.discover().get("agent_loop", "tool").build(options, BuildContext(tokenizer=tok, tools=tools))
+    return (
+        Registry.discover().get("agent_loop", "tool").build(options, BuildContext(tokenizer=tok, tools=tools))
+    )
 
 
 def submit(answer: str) -> str:
@@ -46,9 +53,18 @@ class SubmitAnswer:
         self.log: list[tuple] = []
 
     def schema(self):
-        return {"type": "function", "function": {
-            "name": self.name, "description": "submit the final answer",
-            "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": "submit the final answer",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"answer": {"type": "string"}},
+                    "required": ["answer"],
+                },
+            },
+        }
 
     async def create(self, trajectory_id, ground_truth, **kwargs):
         self.log.append(("create", trajectory_id, ground_truth))
@@ -82,13 +98,26 @@ def test_create_kwargs_from_the_row_and_calc_reward_feed_the_score(tok):
 
     prompts = [
         row(tok, "What is 40 + 2?", 0, {"submit_answer": {"create_kwargs": {"ground_truth": "42"}}}),
-        row(tok, "What is 7 + 8?", 1, {"submit_answer": {"create_kwargs": {"ground_truth": "15"},
-                                                          "calc_reward_kwargs": {"scale": 2.0},
-                                                          "release_kwargs": None}}),
+        row(
+            tok,
+            "What is 7 + 8?",
+            1,
+            {
+                "submit_answer": {
+                    "create_kwargs": {"ground_truth": "15"},
+                    "calc_reward_kwargs": {"scale": 2.0},
+                    "release_kwargs": None,
+                }
+            },
+        ),
         row(tok, "What is 1 + 1? never", 2, {"submit_answer": {"create_kwargs": {"ground_truth": "2"}}}),
         row(tok, "What is 3 + 3?", 3),  # no tools_kwargs: create(trajectory_id) lacks its ground truth
     ]
-    out = loop.run(prompts, ScriptedEngine(tok, script), SamplingParams(n=2, max_new_tokens=300, stop_token_ids=[tok.eos_token_id]))
+    out = loop.run(
+        prompts,
+        ScriptedEngine(tok, script),
+        SamplingParams(n=2, max_new_tokens=300, stop_token_ids=[tok.eos_token_id]),
+    )
 
     assert [t.step_reward for t in out[:6]] == [1.0, 0.0, 2.0, 0.0, 0.0, 0.0]
     assert out[2].metrics["agent/submit_answer/reward"] == 2.0 and out[0].metrics["agent/tool_errors"] == 0
@@ -124,7 +153,14 @@ class Plain:
     name = "plain"
 
     def schema(self):
-        return {"type": "function", "function": {"name": "plain", "description": "", "parameters": {"type": "object", "properties": {}}}}
+        return {
+            "type": "function",
+            "function": {
+                "name": "plain",
+                "description": "",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        }
 
     async def create(self, trajectory_id):
         pass
@@ -141,10 +177,19 @@ def test_bad_tools_kwargs_are_refused_naming_the_row(tok):
     engine = ScriptedEngine(tok, lambda text, i: "done")
     params = SamplingParams(max_new_tokens=50)
     cases = [
-        ({"plain": {"create_kwargs": {"ground_truth": "1"}}}, r"data row 5 \(data_source 'gsm8k'\): extra_info\.tools_kwargs\.plain\.create_kwargs gives ground_truth, which Plain\.create\(trajectory_id\) does not take"),
-        ({"submit_answer": {"create_kwarg": {"ground_truth": "1"}}}, r"tools_kwargs\.submit_answer\.create_kwarg is not one of create_kwargs, execute_kwargs, calc_reward_kwargs, release_kwargs"),
+        (
+            {"plain": {"create_kwargs": {"ground_truth": "1"}}},
+            r"data row 5 \(data_source 'gsm8k'\): extra_info\.tools_kwargs\.plain\.create_kwargs gives ground_truth, which Plain\.create\(trajectory_id\) does not take",
+        ),
+        (
+            {"submit_answer": {"create_kwarg": {"ground_truth": "1"}}},
+            r"tools_kwargs\.submit_answer\.create_kwarg is not one of create_kwargs, execute_kwargs, calc_reward_kwargs, release_kwargs",
+        ),
         ({"submit_answer": ["ground_truth"]}, r"tools_kwargs\.submit_answer must be a mapping"),
-        ({"submit_answer": {"calc_reward_kwargs": {"weight": 2}}}, r"SubmitAnswer\.calc_reward\(trajectory_id, scale: 'float' = 1\.0\) does not take"),
+        (
+            {"submit_answer": {"calc_reward_kwargs": {"weight": 2}}},
+            r"SubmitAnswer\.calc_reward\(trajectory_id, scale: 'float' = 1\.0\) does not take",
+        ),
         ('{"plain": ', r"not JSON"),
     ]
     for tools_kwargs, message in cases:
@@ -153,5 +198,7 @@ def test_bad_tools_kwargs_are_refused_naming_the_row(tok):
     assert engine.calls == []  # refused before any generation
 
     # JSON text is read as the mapping; a tool this run does not offer is skipped (with a warning)
-    [t] = loop.run([row(tok, "q", 6, json.dumps({"other_tool": {"create_kwargs": {"x": 1}}}))], engine, params)
+    [t] = loop.run(
+        [row(tok, "q", 6, json.dumps({"other_tool": {"create_kwargs": {"x": 1}}}))], engine, params
+    )
     assert t.finish_reason == "stop" and t.step_reward == 0.0

@@ -7,12 +7,12 @@ import asyncio
 import re
 
 import pytest
+from rlcore_agent.options import PythonToolOptions
+from rlcore_agent.python_tool import PythonTool
 
 from rlcore.interfaces import BuildContext, Prompt, SamplingParams, ToolResult
 from rlcore.registry import Registry
 from rlcore.testing.tools import ScriptedEngine, make_chat_tokenizer
-from rlcore_agent.options import PythonToolOptions
-from rlcore_agent.python_tool import PythonTool
 
 TOOL_OUT = re.compile(r"<\|im_start\|>tool\n(.*?)<\|im_end\|>", re.S)
 
@@ -51,7 +51,10 @@ def arithmetic_script(text: str, i: int) -> str:
 def test_multi_turn_rollout_with_real_python_execution(tok):
     loop = build_loop(tok, {"python": PythonTool(PythonToolOptions())})
     engine = ScriptedEngine(tok, arithmetic_script)
-    prompts = [prompt_for(tok, f"What is {a} + {b}?", index=k) for k, (a, b) in enumerate([(12, 30), (7, 8), (100, 23)])]
+    prompts = [
+        prompt_for(tok, f"What is {a} + {b}?", index=k)
+        for k, (a, b) in enumerate([(12, 30), (7, 8), (100, 23)])
+    ]
     params = SamplingParams(n=2, max_new_tokens=300, stop_token_ids=[tok.eos_token_id])
     out = loop.run(prompts, engine, params)
 
@@ -65,7 +68,9 @@ def test_multi_turn_rollout_with_real_python_execution(tok):
         assert len(t.response_ids) == len(t.response_mask) == len(t.rollout_logprobs)
         # mask 1 only on model tokens (their log-probs kept), 0.0 log-prob on tool output and glue
         assert all((lp == -0.5) if m else (lp == 0.0) for m, lp in zip(t.response_mask, t.rollout_logprobs))
-        masked_text = tok.decode([i for i, m in zip(t.response_ids, t.response_mask) if m == 0], skip_special_tokens=False)
+        masked_text = tok.decode(
+            [i for i, m in zip(t.response_ids, t.response_mask) if m == 0], skip_special_tokens=False
+        )
         assert masked_text == f"\n<|im_start|>tool\n{expected}<|im_end|>\n<|im_start|>assistant\n"
         assert "I will compute it" not in masked_text
     # the tools were offered in the prompt through the chat template
@@ -78,7 +83,11 @@ def test_accumulated_ids_equal_the_chat_template_rendering(tok):
     tool = PythonTool(PythonToolOptions())
     loop = build_loop(tok, {"python": tool}, max_turns=3)
     engine = ScriptedEngine(tok, arithmetic_script)
-    [t] = loop.run([prompt_for(tok, "What is 2 + 3?")], engine, SamplingParams(max_new_tokens=300, stop_token_ids=[tok.eos_token_id]))
+    [t] = loop.run(
+        [prompt_for(tok, "What is 2 + 3?")],
+        engine,
+        SamplingParams(max_new_tokens=300, stop_token_ids=[tok.eos_token_id]),
+    )
     conversation = loop.last_messages[0]
     assert [m["role"] for m in conversation] == ["user", "assistant", "tool", "assistant"]
     rendered = tok.apply_chat_template(conversation, tools=[tool.schema()], tokenize=False)
@@ -92,17 +101,29 @@ def test_stop_conditions_max_turns_and_budget(tok):
     tool = PythonTool(PythonToolOptions())
     always_call = ScriptedEngine(tok, lambda text, i: call("print(1)"))
     loop = build_loop(tok, {"python": tool}, max_turns=3)
-    [t] = loop.run([prompt_for(tok, "loop")], always_call, SamplingParams(max_new_tokens=1000, stop_token_ids=[tok.eos_token_id]))
+    [t] = loop.run(
+        [prompt_for(tok, "loop")],
+        always_call,
+        SamplingParams(max_new_tokens=1000, stop_token_ids=[tok.eos_token_id]),
+    )
     assert (t.finish_reason, t.num_turns, t.tool_calls) == ("max_turns", 3, 2)
     assert always_call.calls == [1, 1, 1]
 
     loop = build_loop(tok, {"python": tool}, max_turns=50)
     budget = 120
-    [t] = loop.run([prompt_for(tok, "loop")], ScriptedEngine(tok, lambda text, i: call("print(1)")), SamplingParams(max_new_tokens=budget))
+    [t] = loop.run(
+        [prompt_for(tok, "loop")],
+        ScriptedEngine(tok, lambda text, i: call("print(1)")),
+        SamplingParams(max_new_tokens=budget),
+    )
     assert t.finish_reason == "length" and len(t.response_ids) <= budget and t.num_turns < 50
 
     loop = build_loop(tok, {"python": tool}, max_turns=5, max_tokens_per_turn=5)
-    [t] = loop.run([prompt_for(tok, "x")], ScriptedEngine(tok, lambda text, i: call("print(1)")), SamplingParams(max_new_tokens=100))
+    [t] = loop.run(
+        [prompt_for(tok, "x")],
+        ScriptedEngine(tok, lambda text, i: call("print(1)")),
+        SamplingParams(max_new_tokens=100),
+    )
     assert t.finish_reason == "length" and len(t.response_ids) == 5 and t.tool_calls == 0
 
 
@@ -115,7 +136,14 @@ class Misbehaving:
         self.released: list[str] = []
 
     def schema(self):
-        return {"type": "function", "function": {"name": self.name, "description": self.mode, "parameters": {"type": "object", "properties": {}}}}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.mode,
+                "parameters": {"type": "object", "properties": {}},
+            },
+        }
 
     async def create(self, trajectory_id):
         self.created.append(trajectory_id)
@@ -145,7 +173,11 @@ def test_failing_tools_and_bad_calls_become_error_messages(tok):
     )
     engine = ScriptedEngine(tok, lambda text, i: first if "<|im_start|>tool" not in text else "done")
     loop = build_loop(tok, tools, tool_timeout_s=0.5)
-    [t] = loop.run([prompt_for(tok, "go")], engine, SamplingParams(max_new_tokens=2000, stop_token_ids=[tok.eos_token_id]))
+    [t] = loop.run(
+        [prompt_for(tok, "go")],
+        engine,
+        SamplingParams(max_new_tokens=2000, stop_token_ids=[tok.eos_token_id]),
+    )
     assert t.finish_reason == "stop" and t.num_turns == 2
     assert t.tool_calls == 5  # parsed calls, the unknown one included
     assert t.tool_errors == 5  # raise, hang, wrong type, unknown name, unparseable
@@ -154,7 +186,14 @@ def test_failing_tools_and_bad_calls_become_error_messages(tok):
     assert t.step_reward == pytest.approx(0.25)
     results = [m["content"] for m in loop.last_messages[0] if m["role"] == "tool"]
     joined = "\n".join(results)
-    for needle in ("RuntimeError: boom", "timed out after 0.5 s", "returned dict, not a ToolResult", "fine", "no tool named 'nope'", "invalid JSON"):
+    for needle in (
+        "RuntimeError: boom",
+        "timed out after 0.5 s",
+        "returned dict, not a ToolResult",
+        "fine",
+        "no tool named 'nope'",
+        "invalid JSON",
+    ):
         assert needle in joined, needle
     for tool in tools.values():  # every tool used by the trajectory was created and released once
         assert tool.created == tool.released and len(tool.created) == 1
@@ -184,9 +223,16 @@ def test_template_without_tool_support_gets_a_system_message(tok):
         ),
     )
     loop = build_loop(plain, {"python": PythonTool(PythonToolOptions())})
-    [t] = loop.run([prompt_for(plain, "What is 4 + 5?")], ScriptedEngine(plain, arithmetic_script), SamplingParams(max_new_tokens=300))
+    [t] = loop.run(
+        [prompt_for(plain, "What is 4 + 5?")],
+        ScriptedEngine(plain, arithmetic_script),
+        SamplingParams(max_new_tokens=300),
+    )
     prompt_text = plain.decode(t.prompt.token_ids, skip_special_tokens=False)
-    assert prompt_text.startswith("<|im_start|>system\nYou can call tools.") and '"name": "python"' in prompt_text
+    assert (
+        prompt_text.startswith("<|im_start|>system\nYou can call tools.")
+        and '"name": "python"' in prompt_text
+    )
     assert plain.decode(t.response_ids, skip_special_tokens=True).endswith("\\boxed{9}.")
     rendered = plain.apply_chat_template(loop.last_messages[0], tokenize=False)
     expected = plain.encode(rendered, add_special_tokens=False)
@@ -207,7 +253,11 @@ def test_waiting_for_the_tools_slot_is_not_a_timeout(tok):
         return "Let me run it. " + call("while True:\n    pass" if "spin" in text else benign)
 
     prompts = [prompt_for(tok, "spin" if k == 11 else "sleep", index=k) for k in range(12)]
-    loop.run(prompts, ScriptedEngine(tok, script), SamplingParams(n=1, max_new_tokens=400, stop_token_ids=[tok.eos_token_id]))
+    loop.run(
+        prompts,
+        ScriptedEngine(tok, script),
+        SamplingParams(n=1, max_new_tokens=400, stop_token_ids=[tok.eos_token_id]),
+    )
     outputs = [[m["content"] for m in conv if m["role"] == "tool"][0] for conv in loop.last_messages]
     assert outputs[:11] == ["done"] * 11
     assert re.search(r"CPU time|wall-clock", outputs[11]) and "timed out after" not in outputs[11]

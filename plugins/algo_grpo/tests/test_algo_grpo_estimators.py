@@ -14,12 +14,13 @@ import rlcore
 
 torch = pytest.importorskip("torch")
 
+from rlcore_algo_grpo import plugin  # noqa: E402
+
 from rlcore.errors import ManifestError  # noqa: E402
 from rlcore.interfaces import AdvantageInput  # noqa: E402
 from rlcore.testing import isolated_registry, register, write_manifest  # noqa: E402
-from rlcore.testing.runs import load_run_manifest  # noqa: E402
 from rlcore.testing.algorithms import check_advantage_estimator  # noqa: E402
-from rlcore_algo_grpo import plugin  # noqa: E402
+from rlcore.testing.runs import load_run_manifest  # noqa: E402
 
 NAN = float("nan")
 
@@ -90,7 +91,9 @@ def test_grpo_without_std_equals_dr_grpo():
 
 
 def test_grpo_epsilon_matters_for_tiny_spread():
-    batch = AdvantageInput(torch.tensor([0.0, 1e-6]), torch.zeros(2, 1), torch.ones(2, 1), torch.tensor([0, 0]))
+    batch = AdvantageInput(
+        torch.tensor([0.0, 1e-6]), torch.zeros(2, 1), torch.ones(2, 1), torch.tensor([0, 0])
+    )
     # deviations -+5e-7, unbiased std 7.071e-7; with epsilon 1: adv = 5e-7 / (1 + 7.07e-7) ~ 5e-7
     adv, _ = build("grpo", {"epsilon": 1.0})(batch)
     assert close(adv[:, 0], [-5e-7, 5e-7], 1e-9)
@@ -130,10 +133,17 @@ def test_reinforce_pp_all_equal_and_empty():
     assert torch.equal(adv, torch.zeros(2, 2)) and torch.equal(ret, torch.zeros(2, 2))
 
 
-@pytest.mark.parametrize("name, options", [
-    ("grpo", {}), ("grpo", {"norm_by_std": False, "epsilon": 0.01}), ("dr_grpo", {}), ("rloo", {}),
-    ("reinforce_pp", {}), ("reinforce_pp", {"gamma": 0.9}),
-])
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("grpo", {}),
+        ("grpo", {"norm_by_std": False, "epsilon": 0.01}),
+        ("dr_grpo", {}),
+        ("rloo", {}),
+        ("reinforce_pp", {}),
+        ("reinforce_pp", {"gamma": 0.9}),
+    ],
+)
 def test_conformance(name, options):
     check_advantage_estimator(_registry().get("advantage_estimator", name), options)
 
@@ -142,6 +152,7 @@ def test_conformance_kit_catches_a_leaky_estimator():
     def leaky(batch):  # forgets the mask
         adv = batch.scores[:, None].expand(batch.response_mask.shape).clone()
         return adv, adv
+
     with pytest.raises(AssertionError, match="outside the response mask"):
         check_advantage_estimator(leaky)
 
@@ -196,11 +207,15 @@ def test_plugin_module_imports_no_torch():
 def test_centred_estimators_sum_to_zero_within_each_group(scores, data):
     """Property: every group's (per-sample) advantages sum to 0 for grpo, dr_grpo and rloo."""
     groups = data.draw(st.lists(st.integers(0, 3), min_size=len(scores), max_size=len(scores)))
-    batch = AdvantageInput(torch.tensor(scores), torch.zeros(len(scores), 2), torch.ones(len(scores), 2),
-                           torch.tensor(groups))
+    batch = AdvantageInput(
+        torch.tensor(scores), torch.zeros(len(scores), 2), torch.ones(len(scores), 2), torch.tensor(groups)
+    )
     for name in ("grpo", "dr_grpo", "rloo"):
         adv, _ = build(name)(batch)
         assert torch.isfinite(adv).all()
         for g in set(groups):
             rows = torch.tensor(groups) == g
-            assert abs(float(adv[rows, 0].sum())) < 1e-3 * max(1.0, float(adv[rows, 0].abs().sum())), (name, g)
+            assert abs(float(adv[rows, 0].sum())) < 1e-3 * max(1.0, float(adv[rows, 0].abs().sum())), (
+                name,
+                g,
+            )

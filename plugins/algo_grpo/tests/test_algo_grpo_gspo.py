@@ -9,12 +9,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from rlcore_algo_grpo import plugin  # noqa: E402
+from rlcore_algo_grpo.gspo import gspo_loss, sequence_log_ratio  # noqa: E402
+
 from rlcore.algorithms import aggregate  # noqa: E402
 from rlcore.interfaces import PolicyLossInput  # noqa: E402
 from rlcore.testing import isolated_registry, register  # noqa: E402
 from rlcore.testing.algorithms import check_policy_loss  # noqa: E402
-from rlcore_algo_grpo import plugin  # noqa: E402
-from rlcore_algo_grpo.gspo import gspo_loss, sequence_log_ratio  # noqa: E402
 
 NAN = float("nan")
 
@@ -79,7 +80,9 @@ def _sequence_objective(logprobs, old, adv_per_seq, mask, low, high):
 @pytest.mark.parametrize("low, high", [(0.5, 0.5), (0.05, 0.08)])
 def test_token_form_gradient_matches_the_sequence_objective(low, high):
     g = torch.Generator().manual_seed(3)
-    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 1, 1, 0]], dtype=torch.float32)
+    mask = torch.tensor(
+        [[1, 1, 1, 1, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 1, 1, 0]], dtype=torch.float32
+    )
     old = -torch.rand(mask.shape, generator=g) * 2
     new = old + 0.2 * torch.randn(mask.shape, generator=g)
     adv_seq = torch.tensor([1.0, -1.5, 0.5, -0.3])
@@ -127,16 +130,24 @@ def test_gspo_clamps_the_log_ratio_at_10_with_its_gradient():
     # A sequence whose log-ratio is 12, negative advantage: verl's clamp at 10 takes the gradient
     # term along, so the loss is A-scaled e^10 and the gradient 0 (before: e^12, and a gradient of e^12).
     old = torch.tensor([[-20.0, -20.0]])
-    batch = PolicyLossInput(logprobs=(old + 12.0).requires_grad_(True), old_logprobs=old,
-                            advantages=torch.tensor([[-1.0, -1.0]]), response_mask=torch.ones(1, 2))
+    batch = PolicyLossInput(
+        logprobs=(old + 12.0).requires_grad_(True),
+        old_logprobs=old,
+        advantages=torch.tensor([[-1.0, -1.0]]),
+        response_mask=torch.ones(1, 2),
+    )
     loss, metrics = gspo_loss(batch, clip_ratio_low=0.2, clip_ratio_high=0.2)
     assert close(loss, [[math.exp(10.0)] * 2], tol=1e-4)
     assert close(metrics["gspo/seq_ratio_mean"], math.exp(10.0), tol=1e-4)
     loss.sum().backward()
     assert torch.equal(batch.logprobs.grad, torch.zeros(1, 2))
     # Below the cap the gradient is there: log-ratio 9.
-    below = PolicyLossInput(logprobs=(old + 9.0).requires_grad_(True), old_logprobs=old,
-                            advantages=torch.tensor([[-1.0, -1.0]]), response_mask=torch.ones(1, 2))
+    below = PolicyLossInput(
+        logprobs=(old + 9.0).requires_grad_(True),
+        old_logprobs=old,
+        advantages=torch.tensor([[-1.0, -1.0]]),
+        response_mask=torch.ones(1, 2),
+    )
     gspo_loss(below, 0.2, 0.2)[0].sum().backward()
     assert close(below.logprobs.grad, [[math.exp(9.0)] * 2], tol=1e-4)
 
@@ -147,18 +158,34 @@ def test_gspo_aggregates_by_seq_mean_token_mean_whatever_loss_agg_mode_says():
     from rlcore.algorithms import ObjectiveInput, ObjectiveOptions, policy_objective, token_weights
 
     loss_fn = gspo_component().build({"clip_ratio_low": 0.5, "clip_ratio_high": 0.5})
-    algo = SimpleNamespace(loss_agg_mode="token-mean", entropy_coef=0.0, kl_coef=0.0, kl_in_reward=False,
-                           kl_estimator="k3", rollout_correction="none", rollout_is_threshold=2.0,
-                           rollout_is_threshold_lower=None)
+    algo = SimpleNamespace(
+        loss_agg_mode="token-mean",
+        entropy_coef=0.0,
+        kl_coef=0.0,
+        kl_in_reward=False,
+        kl_estimator="k3",
+        rollout_correction="none",
+        rollout_is_threshold=2.0,
+        rollout_is_threshold_lower=None,
+    )
     options = ObjectiveOptions.from_algorithm(algo, loss_fn)
     assert options.loss_agg_mode == "seq-mean-token-mean"
     # Sequence 0 has one token, sequence 1 three; ratios 1, advantage 1 on every token.
     mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
     old = torch.full((2, 3), -1.0)
     logprobs = old.clone().requires_grad_(True)
-    loss, _ = policy_objective(loss_fn, ObjectiveInput(
-        logprobs=logprobs, old_logprobs=old, advantages=mask.clone(), response_mask=mask,
-        token_weights=token_weights(mask, options.loss_agg_mode), rollout_logprobs=old), options)
+    loss, _ = policy_objective(
+        loss_fn,
+        ObjectiveInput(
+            logprobs=logprobs,
+            old_logprobs=old,
+            advantages=mask.clone(),
+            response_mask=mask,
+            token_weights=token_weights(mask, options.loss_agg_mode),
+            rollout_logprobs=old,
+        ),
+        options,
+    )
     loss.backward()
     # The sequence objective: -mean_i s_i, d/dlogp_t = -s_i / (2 * len_i): -1/2 for sequence 0's
     # token, -1/6 for each of sequence 1's (token-mean would give -1/4 each).

@@ -9,11 +9,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from rlcore_algo_ppo import plugin  # noqa: E402
+
 from rlcore.algorithms import masked_whiten  # noqa: E402
 from rlcore.interfaces import AdvantageInput  # noqa: E402
 from rlcore.testing import isolated_registry, register  # noqa: E402
 from rlcore.testing.algorithms import check_advantage_estimator  # noqa: E402
-from rlcore_algo_ppo import plugin  # noqa: E402
 
 NAN = float("nan")
 
@@ -34,8 +35,13 @@ def close(actual, expected, tol=1e-5):
 
 def batch(rewards, values, mask) -> AdvantageInput:
     mask = torch.tensor(mask, dtype=torch.float32)
-    return AdvantageInput(torch.zeros(mask.shape[0]), torch.tensor(rewards), mask,
-                          torch.arange(mask.shape[0]), torch.tensor(values))
+    return AdvantageInput(
+        torch.zeros(mask.shape[0]),
+        torch.tensor(rewards),
+        mask,
+        torch.arange(mask.shape[0]),
+        torch.tensor(values),
+    )
 
 
 def test_gae_needs_a_critic():
@@ -73,9 +79,11 @@ def test_gae_skips_masked_gaps_and_padding_values_never_leak():
 
 
 def test_gae_whiten_and_all_zero_rows():
-    b = batch([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0], [2.0, 0.0, 0.0]],
-              [[0.1, 0.2, 0.3], [NAN, NAN, NAN], [0.5, 0.0, 0.0]],
-              [[1, 1, 0], [0, 0, 0], [1, 0, 0]])
+    b = batch(
+        [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0], [2.0, 0.0, 0.0]],
+        [[0.1, 0.2, 0.3], [NAN, NAN, NAN], [0.5, 0.0, 0.0]],
+        [[1, 1, 0], [0, 0, 0], [1, 0, 0]],
+    )
     raw, ret = gae()(b)
     # row 0: t1: A = 1 - 0.2 = 0.8; t0: delta = 0.2 - 0.1 = 0.1, A = 0.1 + 0.8 = 0.9
     # row 1: no model token -> 0; row 2: A = 2 - 0.5 = 1.5

@@ -14,7 +14,6 @@ import argparse
 import os
 
 import ray
-
 from rlcore_launcher_ray.group import ResourcePool, Worker, WorkerGroup, group_method, with_args
 
 
@@ -29,7 +28,12 @@ class Scorer(Worker):
     def score(self, texts: list[str]) -> list[dict]:
         self.scored += len(texts)
         return [
-            {"text": t, "score": sum(self.table.get(c, 0) for c in t.lower()) + self.bonus, "rank": self.rank, "pid": os.getpid()}
+            {
+                "text": t,
+                "score": sum(self.table.get(c, 0) for c in t.lower()) + self.bonus,
+                "rank": self.rank,
+                "pid": os.getpid(),
+            }
             for t in texts
         ]
 
@@ -49,7 +53,9 @@ def main() -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(logging_level="ERROR")  # the cluster RAY_ADDRESS names
     else:
-        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, logging_level="ERROR")
+        ray.init(
+            address="local", _node_ip_address="127.0.0.1", include_dashboard=False, logging_level="ERROR"
+        )
     texts = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta"]
     try:
         pool = ResourcePool(workers=args.workers, cpus_per_worker=0.5, strategy="PACK")

@@ -43,11 +43,19 @@ RAY_BIN = str(Path(sys.executable).with_name("ray"))
 
 # For every process that starts Ray or talks to it: keep Ray on 127.0.0.1 (module docstring), no
 # token authentication (the note above _ray_drivers_on_loopback), no usage stats.
-LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+LOOPBACK_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
 # For every process that may start a Ray node: the dashboard head's cloud-metadata probe goes to a
 # closed loopback port.
-NO_METADATA_PROBE = {"HTTP_PROXY": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9",
-                     "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+NO_METADATA_PROBE = {
+    "HTTP_PROXY": "http://127.0.0.1:9",
+    "http_proxy": "http://127.0.0.1:9",
+    "NO_PROXY": "127.0.0.1,localhost",
+    "no_proxy": "127.0.0.1,localhost",
+}
 
 # `ray start --address=...` for a second node, except that the CLI's refusal to add a node in
 # single-host mode (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0) is lifted: the CLI alone sees
@@ -93,7 +101,9 @@ def start_node(argv: list[str], log_path: Path, timeout: float = 120) -> subproc
     """Start ``ray start --block ...`` (``argv``) in a process group of its own, its output to
     ``log_path``; return once it says "Ray runtime started" and that its IP is 127.0.0.1."""
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, env=ray_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, env=ray_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + timeout
         while "Ray runtime started" not in log_path.read_text():
@@ -135,9 +145,20 @@ def ray_cluster(_ray_drivers_on_loopback):
     gcs, dash, client, agent = (free_port() for _ in range(4))
     temp_dir = tempfile.mkdtemp(prefix="rlray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     argv = [
-        RAY_BIN, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs}", f"--num-cpus={RAY_CPUS}",
-        "--num-gpus=0", "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-        f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}", f"--temp-dir={temp_dir}",
+        RAY_BIN,
+        "start",
+        "--head",
+        "--block",
+        "--node-ip-address=127.0.0.1",
+        f"--port={gcs}",
+        f"--num-cpus={RAY_CPUS}",
+        "--num-gpus=0",
+        "--include-dashboard=true",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dash}",
+        f"--ray-client-server-port={client}",
+        f"--dashboard-agent-listen-port={agent}",
+        f"--temp-dir={temp_dir}",
         "--disable-usage-stats",
     ]
     cluster = Cluster(address=f"127.0.0.1:{gcs}", dashboard=f"http://127.0.0.1:{dash}", cpus=RAY_CPUS)
@@ -178,14 +199,40 @@ def ray_two_nodes(_ray_drivers_on_loopback):
     pytest.importorskip("ray", reason='the ray launcher tests need Ray: pip install "ray[default]"')
     temp_dir = tempfile.mkdtemp(prefix="rl2n", dir="/tmp")
     gcs = free_port()
-    common = ["--block", "--node-ip-address=127.0.0.1", "--num-cpus=2", "--num-gpus=0", f"--temp-dir={temp_dir}",
-              "--disable-usage-stats"]
+    common = [
+        "--block",
+        "--node-ip-address=127.0.0.1",
+        "--num-cpus=2",
+        "--num-gpus=0",
+        f"--temp-dir={temp_dir}",
+        "--disable-usage-stats",
+    ]
     # Two raylets on one host: each gets its own agent ports and worker-port range (Ray's defaults would collide).
-    head = [RAY_BIN, "start", "--head", f"--port={gcs}", '--resources={"node_a": 1}', "--include-dashboard=false",
-            f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-            "--min-worker-port=20000", "--max-worker-port=20499", *common]
-    worker = [sys.executable, "-c", JOIN_ON_LOOPBACK, "start", f"--address=127.0.0.1:{gcs}", '--resources={"node_b": 1}',
-              f"--dashboard-agent-listen-port={free_port()}", "--min-worker-port=20500", "--max-worker-port=20999", *common]
+    head = [
+        RAY_BIN,
+        "start",
+        "--head",
+        f"--port={gcs}",
+        '--resources={"node_a": 1}',
+        "--include-dashboard=false",
+        f"--ray-client-server-port={free_port()}",
+        f"--dashboard-agent-listen-port={free_port()}",
+        "--min-worker-port=20000",
+        "--max-worker-port=20499",
+        *common,
+    ]
+    worker = [
+        sys.executable,
+        "-c",
+        JOIN_ON_LOOPBACK,
+        "start",
+        f"--address=127.0.0.1:{gcs}",
+        '--resources={"node_b": 1}',
+        f"--dashboard-agent-listen-port={free_port()}",
+        "--min-worker-port=20500",
+        "--max-worker-port=20999",
+        *common,
+    ]
     procs: list[subprocess.Popen] = []
     try:
         procs.append(start_node(head, Path(temp_dir) / "head.log"))
@@ -216,13 +263,16 @@ def _wait_nodes(address: str, count: int, procs: list[subprocess.Popen], timeout
         for proc in procs:
             if proc.poll() is not None:
                 raise RuntimeError(f"ray start exited with {proc.returncode}")
-        out = subprocess.run([sys.executable, "-c", script, address], capture_output=True, text=True, timeout=60,
-                             env=ray_env())
+        out = subprocess.run(
+            [sys.executable, "-c", script, address], capture_output=True, text=True, timeout=60, env=ray_env()
+        )
         seen = out.stdout.strip() or out.stderr[-500:]
         if seen == str(count):
             return
         time.sleep(1)
-    raise TimeoutError(f"the cluster at {address} did not list {count} nodes within {timeout:g} s (last: {seen})")
+    raise TimeoutError(
+        f"the cluster at {address} did not list {count} nodes within {timeout:g} s (last: {seen})"
+    )
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
@@ -289,7 +339,9 @@ def _ray_drivers_on_loopback():
 def launch_request(tmp_path):
     """``launch_request(manifest=None, run_dir=None, dry_run=False, resume=False)`` -> a LaunchRequest."""
 
-    def make(manifest: dict | None = None, run_dir: Path | None = None, dry_run: bool = False, resume: bool = False):
+    def make(
+        manifest: dict | None = None, run_dir: Path | None = None, dry_run: bool = False, resume: bool = False
+    ):
         return LaunchRequest(
             manifest_path=str(tmp_path / "manifest.toml"),
             resolved_manifest=manifest if manifest is not None else {"run": {"name": "ray-test"}},

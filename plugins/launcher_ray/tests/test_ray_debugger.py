@@ -31,7 +31,7 @@ require_plugins("rlcore_rollout_hf", "rlcore_algo_grpo")
 
 # A batched reward: score_batch runs in the rank's own process (a Ray actor), where Ray's
 # breakpoint hook is set.
-BATCHED_REWARD = '''
+BATCHED_REWARD = """
 import os
 
 
@@ -50,9 +50,12 @@ class Scores:
 
 
 scores = Scores()
-'''
+"""
 
-def _waiting_breakpoint(address: str, filename: str, run: subprocess.Popen, run_out: Output, timeout: float) -> dict:
+
+def _waiting_breakpoint(
+    address: str, filename: str, run: subprocess.Popen, run_out: Output, timeout: float
+) -> dict:
     """What ``ray debug`` lists: the RAY_PDB_* entries of the GCS's KV (ray/util/rpdb.py writes one
     per waiting breakpoint, with its pdb_address), read with a GcsClient on the loopback address."""
     from ray._private import ray_constants
@@ -92,12 +95,15 @@ class PdbSocket:
 
 
 def _manifest(tmp_path: Path, model: Path, address: str, reward: dict, env_vars: dict | None = None) -> Path:
-    doc = deep_update(TINY_RUN, {
-        "model": {"path": str(model)},
-        "reward": reward,
-        "data": {"prompts_per_step": 4},
-        "trainer": {"steps": 2, "loggers": ["jsonl"]},
-    })
+    doc = deep_update(
+        TINY_RUN,
+        {
+            "model": {"path": str(model)},
+            "reward": reward,
+            "data": {"prompts_per_step": 4},
+            "trainer": {"steps": 2, "loggers": ["jsonl"]},
+        },
+    )
     doc["reward"].pop("method", None)
     doc["data"].pop("val", None)
     doc["launcher"] = {"name": "ray", "address": address, "workers": 2}
@@ -111,8 +117,13 @@ def _manifest(tmp_path: Path, model: Path, address: str, reward: dict, env_vars:
 def _start_run(manifest: Path, tmp_path: Path, env: dict) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "rlcore", "run", str(manifest), "--run-dir", str(tmp_path / "run")],
-        env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
+        env=env,
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
 
 
@@ -155,8 +166,13 @@ def test_rlcore_debug_breakpoint_in_a_reward_worker_of_a_ray_rank(ray_cluster, t
     loopback pdb reaches it there, and the reward's 2 s time limit does not kill it while stopped."""
     (tmp_path / "reward.py").write_text(BREAKPOINT_REWARD)
     (tmp_path / "markers").mkdir()
-    manifest = _manifest(tmp_path, tiny_model, ray_cluster.address,
-                         {"function": "python:reward.py:score", "timeout_s": 2}, {"MARKERS": str(tmp_path / "markers")})
+    manifest = _manifest(
+        tmp_path,
+        tiny_model,
+        ray_cluster.address,
+        {"function": "python:reward.py:score", "timeout_s": 2},
+        {"MARKERS": str(tmp_path / "markers")},
+    )
     env = _env(RLCORE_DEBUG_DIR=str(tmp_path / "debug"))  # forwarded to the ranks by the launcher
     run = _start_run(manifest, tmp_path, env)
     client = DebugClient(env, wait_s=120)

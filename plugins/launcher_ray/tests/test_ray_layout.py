@@ -5,19 +5,26 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("ray")
-from rlcore.errors import RlcoreError  # noqa: E402
-
 from rlcore_launcher_ray.options import RayOptions  # noqa: E402
 from rlcore_launcher_ray.workers import RankInfo, check_capacity, rank_environment  # noqa: E402
 
+from rlcore.errors import RlcoreError  # noqa: E402
+
 
 def info(rank, node, gpus):
-    return RankInfo(rank=rank, pid=100 + rank, node_id=node, node_ip=f"10.0.0.{node[-1]}", hostname=node, gpu_ids=gpus)
+    return RankInfo(
+        rank=rank, pid=100 + rank, node_id=node, node_ip=f"10.0.0.{node[-1]}", hostname=node, gpu_ids=gpus
+    )
 
 
 def test_ray_local_ranks_follow_gpu_ids_and_see_their_nodes_gpus():
     # Bundles landed out of GPU order: rank 0 got GPU 3 of node a, rank 2 GPU 1.
-    infos = [info(0, "node1", ["3"]), info(1, "node2", ["0"]), info(2, "node1", ["1"]), info(3, "node2", ["5"])]
+    infos = [
+        info(0, "node1", ["3"]),
+        info(1, "node2", ["0"]),
+        info(2, "node1", ["1"]),
+        info(3, "node2", ["5"]),
+    ]
     envs = rank_environment(infos, "10.0.0.1", 29500, local=False)
     assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
     assert all(e["WORLD_SIZE"] == "4" and e["LOCAL_WORLD_SIZE"] == "2" for e in envs)
@@ -41,17 +48,40 @@ def test_ray_cpu_ranks_on_one_node_stay_on_loopback(monkeypatch):
 NODES = [{"CPU": 8, "GPU": 4}, {"CPU": 8, "GPU": 4}]
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"workers": 9, "gpus_per_worker": 1}, r"9 GPUs requested \(workers = 9 x gpus_per_worker = 1\), the cluster has 8"),
-    ({"workers": 1, "cpus_per_worker": 10}, r"no node can hold one rank \(10 CPUs, 0 GPUs\); the largest node has 8 CPUs"),
-    ({"workers": 6, "gpus_per_worker": 1, "placement_strategy": "STRICT_PACK"}, r"STRICT_PACK needs one node with 6 CPUs and 6 GPUs"),
-    ({"workers": 3, "placement_strategy": "STRICT_SPREAD"}, r"STRICT_SPREAD needs 3 nodes that each hold one rank; the cluster has 2"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            {"workers": 9, "gpus_per_worker": 1},
+            r"9 GPUs requested \(workers = 9 x gpus_per_worker = 1\), the cluster has 8",
+        ),
+        (
+            {"workers": 1, "cpus_per_worker": 10},
+            r"no node can hold one rank \(10 CPUs, 0 GPUs\); the largest node has 8 CPUs",
+        ),
+        (
+            {"workers": 6, "gpus_per_worker": 1, "placement_strategy": "STRICT_PACK"},
+            r"STRICT_PACK needs one node with 6 CPUs and 6 GPUs",
+        ),
+        (
+            {"workers": 3, "placement_strategy": "STRICT_SPREAD"},
+            r"STRICT_SPREAD needs 3 nodes that each hold one rank; the cluster has 2",
+        ),
+    ],
+)
 def test_ray_capacity_is_checked_before_waiting(options, message):
     with pytest.raises(RlcoreError, match=message):
         check_capacity(RayOptions(**options), {"CPU": 16, "GPU": 8}, NODES)
 
 
 def test_ray_capacity_that_fits_passes():
-    check_capacity(RayOptions(workers=8, gpus_per_worker=1, cpus_per_worker=2, placement_strategy="SPREAD"), {"CPU": 16, "GPU": 8}, NODES)
-    check_capacity(RayOptions(workers=4, gpus_per_worker=1, placement_strategy="STRICT_PACK"), {"CPU": 16, "GPU": 8}, NODES)
+    check_capacity(
+        RayOptions(workers=8, gpus_per_worker=1, cpus_per_worker=2, placement_strategy="SPREAD"),
+        {"CPU": 16, "GPU": 8},
+        NODES,
+    )
+    check_capacity(
+        RayOptions(workers=4, gpus_per_worker=1, placement_strategy="STRICT_PACK"),
+        {"CPU": 16, "GPU": 8},
+        NODES,
+    )

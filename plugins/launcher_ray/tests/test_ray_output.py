@@ -28,7 +28,9 @@ class FakeDispatcher:
             handler(data)
 
     def lines(self, pid=7, is_err=False):
-        return [line for d in self.printed if d["pid"] == pid and d["is_err"] == is_err for line in d["lines"]]
+        return [
+            line for d in self.printed if d["pid"] == pid and d["is_err"] == is_err for line in d["lines"]
+        ]
 
 
 def marked(lines, token="ab12"):
@@ -43,7 +45,9 @@ def test_line_count_marks_each_line_start_and_counts_complete_lines():
     counted.write("ial\n")
     counted.flush()
     assert counted.lines == 3
-    assert stream.getvalue() == "".join(m + "\n" for m in marked(["a", "b", "part"])).replace("part\n", "partial\n")
+    assert stream.getvalue() == "".join(m + "\n" for m in marked(["a", "b", "part"])).replace(
+        "part\n", "partial\n"
+    )
 
 
 def test_filter_lets_each_line_through_once_however_many_monitors_publish_it():
@@ -69,7 +73,9 @@ def test_drain_waits_for_lines_still_in_flight():
     dispatcher = FakeDispatcher()
     with OutputDrain(dispatcher) as drain:
         dispatcher.emit({"pid": 7, "is_err": False, "lines": ["one"]})
-        later = threading.Timer(0.5, dispatcher.emit, [{"pid": 7, "is_err": False, "lines": ["two", "three"]}])
+        later = threading.Timer(
+            0.5, dispatcher.emit, [{"pid": 7, "is_err": False, "lines": ["two", "three"]}]
+        )
         later.start()
         started = time.monotonic()
         assert drain.wait({("7", False): 3, ("7", True): 0}, timeout=10, quiet=0.1)

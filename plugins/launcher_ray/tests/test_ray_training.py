@@ -20,10 +20,10 @@ import tomli_w
 pytest.importorskip("ray")
 pytest.importorskip("torch")
 
+from rlcore.checkpoint import STATE_FILE  # noqa: E402
 from rlcore.cli import main as rlcore_main  # noqa: E402
 from rlcore.testing import require_plugins  # noqa: E402
 from rlcore.testing.runs import TINY_RUN, deep_update, train_rows  # noqa: E402
-from rlcore.checkpoint import STATE_FILE  # noqa: E402
 
 # The runs use the hf engine and the reinforce_pp estimator, of plugins this one does not depend on.
 require_plugins("rlcore_rollout_hf", "rlcore_algo_grpo")
@@ -40,15 +40,18 @@ def write_manifest(directory: Path, model_dir: Path, launcher: dict, **tables) -
     """A tiny run on which one and two ranks must agree: greedy rollouts (the samples do not
     depend on how prompts are split), a dense reward, batch-whitened advantages."""
     (directory / "reward.py").write_text(REWARD)
-    doc = deep_update(TINY_RUN, {
-        "model": {"path": str(model_dir)},
-        "rollout": {"samples_per_prompt": 1, "temperature": 0.0},
-        "reward": {"function": "python:reward.py:spread"},
-        "algorithm": {"advantage": "reinforce_pp"},
-        "data": {"prompts_per_step": 4, "max_response_tokens": 6},
-        "trainer": {"steps": 2, "lr": 1e-2, "loggers": ["jsonl", "console"]},
-        **tables,
-    })
+    doc = deep_update(
+        TINY_RUN,
+        {
+            "model": {"path": str(model_dir)},
+            "rollout": {"samples_per_prompt": 1, "temperature": 0.0},
+            "reward": {"function": "python:reward.py:spread"},
+            "algorithm": {"advantage": "reinforce_pp"},
+            "data": {"prompts_per_step": 4, "max_response_tokens": 6},
+            "trainer": {"steps": 2, "lr": 1e-2, "loggers": ["jsonl", "console"]},
+            **tables,
+        },
+    )
     doc["reward"].pop("method", None)
     doc["data"].pop("val", None)
     doc["launcher"] = launcher
@@ -81,8 +84,13 @@ def assert_trains_alike(one: Path, two: Path) -> None:
     # relative); losses and gradient norms agree to 1e-3 relative (per-rank partial sums, FSDP's
     # reduce-scatter).
     for x, y in zip(a, b):
-        assert math.isclose(x["critic/score/mean"], y["critic/score/mean"], rel_tol=1e-6), (x["critic/score/mean"], y["critic/score/mean"])
-        assert x["critic/score/max"] == y["critic/score/max"] and x["critic/score/min"] == y["critic/score/min"]
+        assert math.isclose(x["critic/score/mean"], y["critic/score/mean"], rel_tol=1e-6), (
+            x["critic/score/mean"],
+            y["critic/score/mean"],
+        )
+        assert (
+            x["critic/score/max"] == y["critic/score/max"] and x["critic/score/min"] == y["critic/score/min"]
+        )
         assert x["response_length/mean"] == y["response_length/mean"]
         for key in ("actor/pg_loss", "actor/grad_norm"):
             assert math.isclose(x[key], y[key], rel_tol=1e-3, abs_tol=1e-6), (key, x[key], y[key])
@@ -96,7 +104,9 @@ def test_ray_two_nodes_train_like_one_process(ray_two_nodes, tiny_model, tmp_pat
     one = write_manifest(tmp_path, tiny_model, {"name": "local"})
     assert rlcore_run(one, tmp_path / "one") == 0
     monkeypatch.setenv("RAY_ADDRESS", ray_two_nodes.address)
-    two = write_manifest(tmp_path, tiny_model, {"name": "ray", "workers": 2, "placement_strategy": "STRICT_SPREAD"})
+    two = write_manifest(
+        tmp_path, tiny_model, {"name": "ray", "workers": 2, "placement_strategy": "STRICT_SPREAD"}
+    )
     assert rlcore_run(two, tmp_path / "two") == 0, capfd.readouterr().out[-3000:]
     captured = capfd.readouterr()
     out = captured.out
@@ -107,14 +117,19 @@ def test_ray_two_nodes_train_like_one_process(ray_two_nodes, tiny_model, tmp_pat
     assert_trains_alike(tmp_path / "one", tmp_path / "two")
     workers = json.loads((tmp_path / "two" / "launch" / "workers.json").read_text())
     assert len({w["node_id"] for w in workers}) == 2, workers  # one rank per node
-    assert [(w["env"]["RANK"], w["env"]["NODE_RANK"], w["env"]["LOCAL_RANK"]) for w in workers] == [("0", "0", "0"), ("1", "1", "0")]
+    assert [(w["env"]["RANK"], w["env"]["NODE_RANK"], w["env"]["LOCAL_RANK"]) for w in workers] == [
+        ("0", "0", "0"),
+        ("1", "1", "0"),
+    ]
     assert {w["env"]["MASTER_ADDR"] for w in workers} == {"127.0.0.1"}  # both nodes on this host: loopback
     assert (tmp_path / "two" / "run.rank1.log").exists()
 
 
 @pytest.mark.slow
 def test_ray_job_mode_runs_the_manifest_as_a_ray_job(ray_cluster, tiny_model, tmp_path, capfd):
-    manifest = write_manifest(tmp_path, tiny_model, {"name": "ray", "address": ray_cluster.dashboard, "job": True})
+    manifest = write_manifest(
+        tmp_path, tiny_model, {"name": "ray", "address": ray_cluster.dashboard, "job": True}
+    )
     assert rlcore_run(manifest, tmp_path / "run") == 0
     out = re.sub(r"\x1b\[[0-9;]*m", "", capfd.readouterr().out)
     job_id = re.search(r"submitted Ray job (rlcore-t-\S+) to http://127\.0\.0\.1:\d+", out)
@@ -130,7 +145,9 @@ def test_ray_job_mode_runs_the_manifest_as_a_ray_job(ray_cluster, tiny_model, tm
 
 @pytest.mark.slow
 def test_ray_job_mode_failure_is_the_exit_code(ray_cluster, tiny_model, tmp_path, capfd):
-    manifest = write_manifest(tmp_path, tiny_model, {"name": "ray", "address": ray_cluster.dashboard, "job": True})
+    manifest = write_manifest(
+        tmp_path, tiny_model, {"name": "ray", "address": ray_cluster.dashboard, "job": True}
+    )
     (tmp_path / "run" / "checkpoints" / "step_000001").mkdir(parents=True)
     (tmp_path / "run" / "checkpoints" / "step_000001" / STATE_FILE).write_text("{}")
     assert rlcore_run(manifest, tmp_path / "run") == 2  # the driver refuses: a usage error
@@ -162,7 +179,9 @@ def test_ray_killed_rank_mid_run_leaves_a_checkpoint_that_resumes(ray_cluster, t
     out = capfd.readouterr()
     text = out.out + out.err
     assert killed and re.search(rf"rank 1 \(pid {killed[0]} on .*\) died: ", text), text[-3000:]
-    match = re.search(r"The last checkpoint \((\S+step_(\d+))\) is intact: `rlcore run --resume` continues from it", text)
+    match = re.search(
+        r"The last checkpoint \((\S+step_(\d+))\) is intact: `rlcore run --resume` continues from it", text
+    )
     assert match, text[-3000:]
     assert elapsed < 240  # rank 0 did not hang in its next collective
     saved = int(match.group(2))
@@ -178,8 +197,12 @@ def test_ray_killed_rank_mid_run_leaves_a_checkpoint_that_resumes(ray_cluster, t
 def test_ray_job_mode_ctrl_c_stops_the_job(ray_cluster, tiny_model, tmp_path, capfd):
     from ray.job_submission import JobSubmissionClient
 
-    manifest = write_manifest(tmp_path, tiny_model, {"name": "ray", "address": ray_cluster.dashboard, "job": True},
-                              trainer={"steps": 500})
+    manifest = write_manifest(
+        tmp_path,
+        tiny_model,
+        {"name": "ray", "address": ray_cluster.dashboard, "job": True},
+        trainer={"steps": 500},
+    )
     run_dir = tmp_path / "run"
     client = JobSubmissionClient(ray_cluster.dashboard)
     interrupted: list[str] = []
@@ -188,7 +211,10 @@ def test_ray_job_mode_ctrl_c_stops_the_job(ray_cluster, tiny_model, tmp_path, ca
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not interrupted:
             for job in client.list_jobs():
-                if (job.metadata or {}).get("rlcore_run_dir") == str(run_dir) and str(job.status) in ("RUNNING", "JobStatus.RUNNING"):
+                if (job.metadata or {}).get("rlcore_run_dir") == str(run_dir) and str(job.status) in (
+                    "RUNNING",
+                    "JobStatus.RUNNING",
+                ):
                     if (run_dir / "metrics.jsonl").exists():  # the driver is training
                         interrupted.append(job.submission_id)
                         os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C does

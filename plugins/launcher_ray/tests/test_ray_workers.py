@@ -16,17 +16,24 @@ import pytest
 
 ray = pytest.importorskip("ray")
 from ray import cloudpickle  # noqa: E402
+from rlcore_launcher_ray.launcher import WORKERS_FILE, RayLauncher  # noqa: E402
+from rlcore_launcher_ray.options import RayOptions  # noqa: E402
 
 from rlcore.errors import RlcoreError  # noqa: E402
 from rlcore.testing.runs import process_gone, wait_for  # noqa: E402
 
-from rlcore_launcher_ray.launcher import WORKERS_FILE, RayLauncher  # noqa: E402
-from rlcore_launcher_ray.options import RayOptions  # noqa: E402
-
 # The targets below travel to the Ray workers by value: this test module is not importable there.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+TORCHRUN_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 def report(marker: str) -> dict:
@@ -76,8 +83,6 @@ def sleep_long() -> int:
     return 0
 
 
-
-
 def launcher(cluster, **options) -> RayLauncher:
     options.setdefault("address", cluster.address)
     options.setdefault("cpus_per_worker", 1)
@@ -105,14 +110,23 @@ def test_ray_ranks_get_torchrun_environment_and_prefixed_output(ray_cluster, lau
     # last lines before it returned, so they are all here now.
     seen = re.sub(r"\x1b\[[0-9;]*m", "", capfd.readouterr().out)  # Ray colours the prefixes
     lines = [line for line in seen.splitlines() if "hello-xyz from rank" in line]
-    assert any(line.lstrip().startswith("(rank0 pid=") and line.endswith("rank 0") for line in lines), seen[-2000:]
-    assert any(line.lstrip().startswith("(rank1 pid=") and line.endswith("rank 1") for line in lines), seen[-2000:]
+    assert any(line.lstrip().startswith("(rank0 pid=") and line.endswith("rank 0") for line in lines), seen[
+        -2000:
+    ]
+    assert any(line.lstrip().startswith("(rank1 pid=") and line.endswith("rank 1") for line in lines), seen[
+        -2000:
+    ]
 
 
 @pytest.mark.slow
-def test_ray_ranks_last_lines_all_arrive_before_the_launcher_returns(ray_cluster, launch_request, tmp_path, capfd):
+def test_ray_ranks_last_lines_all_arrive_before_the_launcher_returns(
+    ray_cluster, launch_request, tmp_path, capfd
+):
     run = launcher(ray_cluster, workers=2)
-    assert run.run_workers(launch_request(run_dir=tmp_path / "run"), target=print_lines, kwargs={"count": 3000}) == 0
+    assert (
+        run.run_workers(launch_request(run_dir=tmp_path / "run"), target=print_lines, kwargs={"count": 3000})
+        == 0
+    )
     seen = capfd.readouterr().out
     for rank in (0, 1):
         assert len(re.findall(rf"line \d+ of rank {rank}\b", seen)) == 3000, seen[-1000:]
@@ -121,7 +135,9 @@ def test_ray_ranks_last_lines_all_arrive_before_the_launcher_returns(ray_cluster
 def test_ray_too_many_gpus_is_refused_at_once(ray_cluster, launch_request):
     run = launcher(ray_cluster, workers=2, gpus_per_worker=1)
     started = time.monotonic()
-    with pytest.raises(RlcoreError, match=r"2 GPUs requested \(workers = 2 x gpus_per_worker = 1\), the cluster has 0"):
+    with pytest.raises(
+        RlcoreError, match=r"2 GPUs requested \(workers = 2 x gpus_per_worker = 1\), the cluster has 0"
+    ):
         run.run_workers(launch_request(), target=report, kwargs={"marker": "never"})
     assert time.monotonic() - started < 30
     assert not ray.is_initialized()  # the launcher disconnected after the failure
@@ -129,7 +145,9 @@ def test_ray_too_many_gpus_is_refused_at_once(ray_cluster, launch_request):
 
 def test_ray_too_many_cpus_is_refused_at_once(ray_cluster, launch_request):
     run = launcher(ray_cluster, workers=3, cpus_per_worker=2)
-    with pytest.raises(RlcoreError, match=r"6 CPUs requested \(workers = 3 x cpus_per_worker = 2\), the cluster has 4"):
+    with pytest.raises(
+        RlcoreError, match=r"6 CPUs requested \(workers = 3 x cpus_per_worker = 2\), the cluster has 4"
+    ):
         run.run_workers(launch_request(), target=report, kwargs={"marker": "never"})
 
 
@@ -141,7 +159,10 @@ def test_ray_placement_that_never_frees_times_out_clearly(ray_cluster, launch_re
     try:
         ray.get(holder.ready(), timeout=60)
         run = launcher(ray_cluster, workers=2, placement_timeout=2)
-        with pytest.raises(RlcoreError, match=r"did not reserve 2 x \{'CPU': 1.0\} \(PACK\) within placement_timeout = 2 s; free now"):
+        with pytest.raises(
+            RlcoreError,
+            match=r"did not reserve 2 x \{'CPU': 1.0\} \(PACK\) within placement_timeout = 2 s; free now",
+        ):
             run.run_workers(launch_request(), target=report, kwargs={"marker": "never"})
         assert ray.is_initialized()  # not the launcher's connection: left alone
     finally:
@@ -169,14 +190,19 @@ def test_ray_address_from_environment(monkeypatch, launch_request):
 def test_ray_rank_that_raises_stops_the_others(ray_cluster, launch_request):
     run = launcher(ray_cluster, workers=2, failure_grace=1)
     started = time.monotonic()
-    with pytest.raises(RlcoreError, match=r"rank 1 \(pid \d+ on .*\) raised ValueError: rank 1 fails on purpose. The other ranks were stopped."):
+    with pytest.raises(
+        RlcoreError,
+        match=r"rank 1 \(pid \d+ on .*\) raised ValueError: rank 1 fails on purpose. The other ranks were stopped.",
+    ):
         run.run_workers(launch_request(), target=fail_on_rank, kwargs={"bad": 1})
     assert time.monotonic() - started < 60  # rank 0's five-minute sleep was cut short
 
 
 def test_ray_rank_expected_error_keeps_its_message_and_exit_code(ray_cluster, launch_request):
     run = launcher(ray_cluster, workers=2, failure_grace=1)
-    with pytest.raises(RlcoreError, match=r"^rank 0: the manifest says something this rank cannot do$") as caught:
+    with pytest.raises(
+        RlcoreError, match=r"^rank 0: the manifest says something this rank cannot do$"
+    ) as caught:
         run.run_workers(launch_request(), target=usage_error_on_rank_0, kwargs={})
     assert caught.value.exit_code == 2
 
@@ -234,7 +260,11 @@ def test_ray_ctrl_c_stops_the_ranks(ray_cluster, launch_request, tmp_path, capsy
     assert time.monotonic() - started < 60
     assert "interrupted: the ranks were stopped. No checkpoint was written" in capsys.readouterr().out
     for worker in json.loads((run_dir / "launch" / WORKERS_FILE).read_text()):
-        wait_for(functools.partial(process_gone, worker["pid"]), 15, f"rank {worker['rank']} (pid {worker['pid']}) to end")
+        wait_for(
+            functools.partial(process_gone, worker["pid"]),
+            15,
+            f"rank {worker['rank']} (pid {worker['pid']}) to end",
+        )
 
 
 @pytest.mark.slow

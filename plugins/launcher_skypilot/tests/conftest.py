@@ -5,11 +5,10 @@ hand, as SkyPilot sets them on a node."""
 from __future__ import annotations
 
 import pytest
-
-from rlcore.interfaces import LaunchRequest
-
 from rlcore_launcher_skypilot.launcher import SkyPilotLauncher
 from rlcore_launcher_skypilot.options import SkyPilotOptions
+
+from rlcore.interfaces import LaunchRequest
 
 # What the resolved manifest's [plugins] table holds for a run of the hf engine, the gsm8k reward
 # and GRPO (its shape: rlcore/manifest/loader.py, ResolvedManifest.resolved_dict).
@@ -29,7 +28,9 @@ def launch_request(tmp_path):
     def make(manifest: dict | None = None, dry_run: bool = False, resume: bool = False) -> LaunchRequest:
         return LaunchRequest(
             manifest_path=str(tmp_path / "manifest.toml"),
-            resolved_manifest=manifest if manifest is not None else {
+            resolved_manifest=manifest
+            if manifest is not None
+            else {
                 "run": {"name": "gsm8k grpo", "output_dir": str(tmp_path / "outputs")},
                 "model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"},
                 "launcher": {"name": "local"},
@@ -47,7 +48,8 @@ def sky_launcher():
     """``sky_launcher(plugins=PLUGINS, **options)`` -> a SkyPilotLauncher (validated options)."""
 
     def make(plugins: dict | None = None, **options) -> SkyPilotLauncher:
-        return SkyPilotLauncher(SkyPilotOptions.model_validate(options), PLUGINS if plugins is None else plugins)
+        return SkyPilotLauncher(
+            SkyPilotOptions.model_validate(options), PLUGINS if plugins is None else plugins
+        )
 
     return make
-

@@ -6,21 +6,20 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+import tomllib
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 from pydantic import ValidationError
+from rlcore_launcher_skypilot.options import SkyPilotOptions
+from rlcore_launcher_skypilot.states import EXIT_CODE_NAMES, outcome, state_of_exit_code
+from rlcore_launcher_skypilot.task import MANIFEST_EOF
 
 from rlcore.errors import UsageError
 from rlcore.testing import require_plugins
 from rlcore.testing.runs import TINY_RUN, deep_update
-
-from rlcore_launcher_skypilot.options import SkyPilotOptions
-from rlcore_launcher_skypilot.states import EXIT_CODE_NAMES, outcome, state_of_exit_code
-from rlcore_launcher_skypilot.task import MANIFEST_EOF
 
 REPO = Path(__file__).resolve().parents[3]  # this repository: rlcore at its root, plugins/*
 
@@ -44,8 +43,15 @@ def node_manifest(config: dict) -> dict:
 
 def test_the_task_parses_with_skypilot_and_round_trips(sky_launcher, launch_request, capsys, tmp_path):
     launcher = sky_launcher(
-        accelerators="H100:8", nodes=4, cloud="aws", region="us-east-1", cpus="32+", memory="256+", disk_size=512,
-        use_spot=True, env={"HF_HOME": "/scratch/hf cache", "NCCL_DEBUG": "INFO"},
+        accelerators="H100:8",
+        nodes=4,
+        cloud="aws",
+        region="us-east-1",
+        cpus="32+",
+        memory="256+",
+        disk_size=512,
+        use_spot=True,
+        env={"HF_HOME": "/scratch/hf cache", "NCCL_DEBUG": "INFO"},
     )
     text, config = dry_run(launcher, launch_request(dry_run=True), capsys)
     assert text.startswith("# rlcore run gsm8k grpo: rendered by rlcore-launcher-skypilot.\n")
@@ -70,12 +76,17 @@ def test_the_task_parses_with_skypilot_and_round_trips(sky_launcher, launch_requ
 def test_setup_installs_rlcore_and_the_runs_plugins_at_their_versions(sky_launcher, launch_request, capsys):
     import rlcore
 
-    _, config = dry_run(sky_launcher(pip_extra=["flash-attn==2.8.0"], setup_extra=["nvidia-smi"]),
-                        launch_request(dry_run=True), capsys)
+    _, config = dry_run(
+        sky_launcher(pip_extra=["flash-attn==2.8.0"], setup_extra=["nvidia-smi"]),
+        launch_request(dry_run=True),
+        capsys,
+    )
     setup = config["setup"].splitlines()
     install = next(line for line in setup if "-m pip install" in line)
-    assert install == (f'"$RLCORE_PYTHON" -m pip install \'rlcore[train]=={rlcore.__version__}\' '
-                       "rlcore-algo-grpo==0.1.0 rlcore-reward-rule==0.2.0 rlcore-rollout-hf==0.3.1 flash-attn==2.8.0")
+    assert install == (
+        f"\"$RLCORE_PYTHON\" -m pip install 'rlcore[train]=={rlcore.__version__}' "
+        "rlcore-algo-grpo==0.1.0 rlcore-reward-rule==0.2.0 rlcore-rollout-hf==0.3.1 flash-attn==2.8.0"
+    )
     # Not the core's own components, and not this launcher: the nodes run the `local` one.
     assert "rlcore-launcher-skypilot" not in config["setup"]
     assert setup.index("nvidia-smi") > setup.index(install)
@@ -85,14 +96,21 @@ def test_setup_installs_rlcore_and_the_runs_plugins_at_their_versions(sky_launch
 
 
 def test_install_from_the_workdir_finds_each_distributions_directory(sky_launcher, launch_request, capsys):
-    _, config = dry_run(sky_launcher(install="workdir", workdir=str(REPO)), launch_request(dry_run=True), capsys)
+    _, config = dry_run(
+        sky_launcher(install="workdir", workdir=str(REPO)), launch_request(dry_run=True), capsys
+    )
     assert config["workdir"] == str(REPO)
     assert 'cd "$HOME/sky_workdir"' in config["setup"]
-    assert ("\"$RLCORE_PYTHON\" -m pip install -e '.[train]' -e ./plugins/algo_grpo -e ./plugins/reward_rule "
-            "-e ./plugins/rollout_hf") in config["setup"]
+    assert (
+        "\"$RLCORE_PYTHON\" -m pip install -e '.[train]' -e ./plugins/algo_grpo -e ./plugins/reward_rule "
+        "-e ./plugins/rollout_hf"
+    ) in config["setup"]
     sky.Task.from_yaml_config(copy.deepcopy(config))  # it pops what it reads
-    launcher = sky_launcher(install="workdir", workdir=str(REPO),
-                            plugins={"tools.x": {"name": "x", "distribution": "rlcore-tool-x", "version": "1"}})
+    launcher = sky_launcher(
+        install="workdir",
+        workdir=str(REPO),
+        plugins={"tools.x": {"name": "x", "distribution": "rlcore-tool-x", "version": "1"}},
+    )
     with pytest.raises(UsageError, match=r"no pyproject.toml in workdir .* names rlcore-tool-x"):
         launcher.launch(launch_request(dry_run=True))
 
@@ -111,13 +129,20 @@ def test_manifest_paths_point_at_the_nodes_copies(sky_launcher, launch_request, 
         "reward": {"function": f"python:{project / 'reward.py'}:f"},
         "launcher": {"name": "local"},
     }
-    launcher = sky_launcher(workdir=str(project), file_mounts={"/models": str(models), "/ckpt": {"name": "b", "mode": "MOUNT"}},
-                            remote_run_dir="/ckpt/paths", nodes=2)
+    launcher = sky_launcher(
+        workdir=str(project),
+        file_mounts={"/models": str(models), "/ckpt": {"name": "b", "mode": "MOUNT"}},
+        remote_run_dir="/ckpt/paths",
+        nodes=2,
+    )
     _, config = dry_run(launcher, launch_request(manifest=manifest, dry_run=True), capsys)
     node = node_manifest(config)
     assert node["model"]["path"] == "/models/tiny"
     # The workdir's files at the node's copy; the run script puts the node's $HOME for @RLCORE_HOME@.
-    assert node["data"] == {"train": "@RLCORE_HOME@/sky_workdir/data/train.jsonl", "val": "synthetic:addition?size=8"}
+    assert node["data"] == {
+        "train": "@RLCORE_HOME@/sky_workdir/data/train.jsonl",
+        "val": "synthetic:addition?size=8",
+    }
     assert node["reward"]["function"] == "python:@RLCORE_HOME@/sky_workdir/reward.py:f"
     assert node["run"] == {"name": "paths", "output_dir": "/ckpt"}
     assert node["launcher"] == {"name": "local"}
@@ -126,18 +151,25 @@ def test_manifest_paths_point_at_the_nodes_copies(sky_launcher, launch_request, 
     assert task.workdir == str(project)
     # The driver runs that manifest in the node's run directory.
     assert 'RLCORE_RUN_DIR="/ckpt/paths"' in config["run"]
-    assert 'RLCORE_DRIVER=("$RLCORE_PYTHON" -m rlcore run "$RLCORE_MANIFEST" --run-dir "$RLCORE_RUN_DIR")' in config["run"]
+    assert (
+        'RLCORE_DRIVER=("$RLCORE_PYTHON" -m rlcore run "$RLCORE_MANIFEST" --run-dir "$RLCORE_RUN_DIR")'
+        in config["run"]
+    )
     # A path on this machine only is refused, named by its key.
     with pytest.raises(UsageError, match=r"model\.path = '.*/models/tiny': .* is on this machine only"):
         sky_launcher(workdir=str(project)).launch(launch_request(manifest=manifest, dry_run=True))
 
 
 def test_ranks_default_to_the_gpus_and_resume_reaches_the_driver(sky_launcher, launch_request, capsys):
-    _, config = dry_run(sky_launcher(accelerators="A100:4"), launch_request(dry_run=True, resume=True), capsys)
+    _, config = dry_run(
+        sky_launcher(accelerators="A100:4"), launch_request(dry_run=True, resume=True), capsys
+    )
     assert "RLCORE_RANKS=${SKYPILOT_NUM_GPUS_PER_NODE:-0}" in config["run"]
     assert '--run-dir "$RLCORE_RUN_DIR" --resume)' in config["run"]
     assert 'RLCORE_RUN_DIR="$HOME/rlcore-runs/gsm8k grpo"' in config["run"]
-    _, fixed = dry_run(sky_launcher(ranks_per_node=2, master_port=29600), launch_request(dry_run=True), capsys)
+    _, fixed = dry_run(
+        sky_launcher(ranks_per_node=2, master_port=29600), launch_request(dry_run=True), capsys
+    )
     assert "RLCORE_RANKS=2" in fixed["run"] and "MASTER_PORT=29600" in fixed["run"]
 
 
@@ -151,10 +183,17 @@ def test_setup_and_run_are_valid_bash(sky_launcher, launch_request, capsys, tmp_
         assert proc.returncode == 0, (part, proc.stderr)
 
 
-def test_a_multi_node_run_without_a_shared_run_directory_is_warned_about(sky_launcher, launch_request, capsys):
+def test_a_multi_node_run_without_a_shared_run_directory_is_warned_about(
+    sky_launcher, launch_request, capsys
+):
     sky_launcher(nodes=2).launch(launch_request(dry_run=True))
-    assert "warning: 2 nodes and the run directory ~/rlcore-runs/gsm8k grpo is on no file mount" in capsys.readouterr().out
-    sky_launcher(nodes=2, remote_run_dir="/ckpt/x", file_mounts={"/ckpt": "gs://bucket"}).launch(launch_request(dry_run=True))
+    assert (
+        "warning: 2 nodes and the run directory ~/rlcore-runs/gsm8k grpo is on no file mount"
+        in capsys.readouterr().out
+    )
+    sky_launcher(nodes=2, remote_run_dir="/ckpt/x", file_mounts={"/ckpt": "gs://bucket"}).launch(
+        launch_request(dry_run=True)
+    )
     assert "warning" not in capsys.readouterr().out
 
 
@@ -187,8 +226,12 @@ def test_bad_options_are_rejected_clearly(options, key, words):
 
 def test_bad_options_are_located_in_the_manifest(tmp_path):
     path = tmp_path / "m.toml"
-    path.write_text('[run]\nname = "x"\n\n[launcher]\nname = "skypilot"\naccelerators = "H100:eight"\nnodez = 2\n')
-    proc = subprocess.run([sys.executable, "-m", "rlcore", "validate", str(path)], capture_output=True, text=True, timeout=60)
+    path.write_text(
+        '[run]\nname = "x"\n\n[launcher]\nname = "skypilot"\naccelerators = "H100:eight"\nnodez = 2\n'
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlcore", "validate", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr
     assert f"{path}:6: [launcher.accelerators]" in out and '"NAME:COUNT"' in out
@@ -240,13 +283,21 @@ def test_rlcore_run_dry_run_prints_a_task_skypilot_parses(tmp_path, request):
     require_plugins("rlcore_rollout_hf", "rlcore_reward_rule", "rlcore_algo_grpo")
     tiny_model = request.getfixturevalue("tiny_model")
     doc = deep_update(TINY_RUN, {"model": {"path": str(tiny_model)}})
-    doc["launcher"] = {"name": "skypilot", "accelerators": "L4:1", "file_mounts": {str(tiny_model): str(tiny_model)}}
+    doc["launcher"] = {
+        "name": "skypilot",
+        "accelerators": "L4:1",
+        "file_mounts": {str(tiny_model): str(tiny_model)},
+    }
     path = tmp_path / "manifest.toml"
     import tomli_w
 
     path.write_text(tomli_w.dumps(doc))
-    proc = subprocess.run([sys.executable, "-m", "rlcore", "run", str(path), "--dry-run"], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlcore", "run", str(path), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = "".join(line + "\n" for line in proc.stdout.splitlines() if not line.startswith("[rlcore"))
     config = yaml.safe_load(text)

@@ -14,11 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from rlcore.interfaces import LaunchRequest
-
 from rlcore_launcher_slurm.launcher import SlurmLauncher
 from rlcore_launcher_slurm.options import SlurmOptions
+
+from rlcore.interfaces import LaunchRequest
 
 REPO = Path(__file__).resolve().parents[3]
 SETUP = REPO / ".ci" / "slurm" / "setup.sh"
@@ -48,7 +47,9 @@ def slurm_cluster() -> int:
 def launch_request(tmp_path):
     """``launch_request(manifest=None, dry_run=False, run_dir=None)`` -> a LaunchRequest in tmp_path."""
 
-    def make(manifest: dict | None = None, dry_run: bool = False, run_dir: Path | None = None) -> LaunchRequest:
+    def make(
+        manifest: dict | None = None, dry_run: bool = False, run_dir: Path | None = None
+    ) -> LaunchRequest:
         run_dir = run_dir or tmp_path / "run"
         return LaunchRequest(
             manifest_path=str(tmp_path / "manifest.toml"),
@@ -77,6 +78,8 @@ def slow_python(tmp_path) -> Path:
     running when a test cancels it or its time limit passes. (The job's first use of the
     interpreter is finding the rendezvous, whose stdout it reads: the message goes to stderr.)"""
     path = tmp_path / "slow-python"
-    path.write_text(f'#!/bin/sh\necho "slow interpreter: waiting before the driver" >&2\nsleep 300\nexec {sys.executable} "$@"\n')
+    path.write_text(
+        f'#!/bin/sh\necho "slow interpreter: waiting before the driver" >&2\nsleep 300\nexec {sys.executable} "$@"\n'
+    )
     path.chmod(0o755)
     return path

@@ -13,11 +13,10 @@ import threading
 import time
 
 import pytest
+from rlcore_launcher_slurm import slurm
 
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.testing import runs
-
-from rlcore_launcher_slurm import slurm
 
 pytestmark = pytest.mark.slurm
 
@@ -34,7 +33,9 @@ def job_id_in(text: str) -> str:
     return re.search(r"submitted job (\d+)", text).group(1)
 
 
-def test_failing_driver_reports_its_exit_code(slurm_cluster, slurm_launcher, launch_request, capsys, tmp_path):
+def test_failing_driver_reports_its_exit_code(
+    slurm_cluster, slurm_launcher, launch_request, capsys, tmp_path
+):
     """The job runs the real `python -m rlcore run` on a manifest the driver rejects (exit 2)."""
     code = slurm_launcher(nodes=1).launch(launch_request(manifest={"run": {"name": "broken"}}))
     out = capsys.readouterr().out
@@ -60,8 +61,16 @@ def test_jobs_command_lists_and_cancels(slurm_cluster, slurm_launcher, launch_re
     thread.start()
     try:
         job = wait_for(
-            lambda: next((j.job_id for j in slurm.list_jobs() if j.name == "rlcore-to-cancel" and j.state == "RUNNING"), None),
-            60, "the job to run",
+            lambda: next(
+                (
+                    j.job_id
+                    for j in slurm.list_jobs()
+                    if j.name == "rlcore-to-cancel" and j.state == "RUNNING"
+                ),
+                None,
+            ),
+            60,
+            "the job to run",
         )
         # The CLI runs as its own process: this one's stdout belongs to the launcher following the job.
         listed = json.loads(rlcore_cli("jobs", "--json").stdout)
@@ -94,15 +103,19 @@ def _follow_in_subprocess(tmp_path, slow_python, job_name: str):
     """`launch()` following a slow job in a process of its own: (process, its output lines, the
     thread reading them), once the job's log streams."""
     script = tmp_path / "follow.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         from rlcore.interfaces import LaunchRequest
         from rlcore_launcher_slurm.launcher import build
         from rlcore_launcher_slurm.options import SlurmOptions
         launcher = build(SlurmOptions(python={str(slow_python)!r}, poll_interval=0.5, job_name={job_name!r}))
-        request = LaunchRequest(manifest_path="m.toml", resolved_manifest={{"run": {{"name": "x"}}}}, run_dir={str(tmp_path / 'run')!r})
+        request = LaunchRequest(manifest_path="m.toml", resolved_manifest={{"run": {{"name": "x"}}}}, run_dir={str(tmp_path / "run")!r})
         raise SystemExit(launcher.launch(request))
-    """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """)
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
@@ -150,7 +163,9 @@ def test_sigterm_stops_following_and_says_the_job_keeps_running(slurm_cluster, t
 
 
 @pytest.mark.slow
-def test_time_limit_is_reported_as_timeout(slurm_cluster, slurm_launcher, launch_request, slow_python, capsys):
+def test_time_limit_is_reported_as_timeout(
+    slurm_cluster, slurm_launcher, launch_request, slow_python, capsys
+):
     """SLURM counts time limits in whole minutes and checks them periodically: this takes 1-2 minutes."""
     started = time.monotonic()
     code = slurm_launcher(python=str(slow_python), time="1", poll_interval=1).launch(launch_request())
@@ -206,7 +221,9 @@ def test_scontrol_parsing_and_exit_codes():
         "ExitCode=3:0 NodeList=rlcore[1-2] Command=/tmp/a b/slurm.sbatch WorkDir=/tmp/a b"
     )
     fields = slurm.parse_scontrol(line)
-    assert fields["JobState"] == "FAILED" and fields["ExitCode"] == "3:0" and fields["NodeList"] == "rlcore[1-2]"
+    assert (
+        fields["JobState"] == "FAILED" and fields["ExitCode"] == "3:0" and fields["NodeList"] == "rlcore[1-2]"
+    )
     assert fields["WorkDir"] == "/tmp/a b"
     assert slurm.JobStatus("7", "COMPLETED").exit_status() == 0
     assert slurm.JobStatus("7", "FAILED", exit_code=3).exit_status() == 3
@@ -218,7 +235,9 @@ def test_scontrol_parsing_and_exit_codes():
     assert not slurm.JobStatus("7", "RUNNING").finished
 
 
-def test_an_interface_without_an_address_fails_the_job_naming_it(slurm_cluster, slurm_launcher, launch_request, capsys):
+def test_an_interface_without_an_address_fails_the_job_naming_it(
+    slurm_cluster, slurm_launcher, launch_request, capsys
+):
     """The rendezvous needs the first node's address on [launcher] network_interface: a wrong name
     fails the job before any rank starts, saying which interface of which node."""
     code = slurm_launcher(network_interface="nosuch0").launch(launch_request())

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+from rlcore_launcher_slurm import slurm
 
 from rlcore.testing import require_plugins
 from rlcore.testing.runs import TINY_RUN, deep_update, run_cli, train_rows, wait_for
-
-from rlcore_launcher_slurm import slurm
 
 # The runs use the hf engine and the reinforce_pp estimator, of plugins this one does not depend on.
 require_plugins("rlcore_rollout_hf", "rlcore_algo_grpo")
@@ -36,8 +35,15 @@ def spread(item):
 '''
 
 # The test cluster's two nodes share this host's two cores: one thread per rank.
-SLURM = {"name": "slurm", "nodes": NODES, "ranks_per_node": RANKS_PER_NODE, "cpus_per_task": 1,
-         "network_interface": "lo", "time": "10", "poll_interval": 0.5}
+SLURM = {
+    "name": "slurm",
+    "nodes": NODES,
+    "ranks_per_node": RANKS_PER_NODE,
+    "cpus_per_task": 1,
+    "network_interface": "lo",
+    "time": "10",
+    "poll_interval": 0.5,
+}
 
 
 def write_manifest(directory: Path, model_dir: Path, launcher: dict, **tables) -> Path:
@@ -45,15 +51,21 @@ def write_manifest(directory: Path, model_dir: Path, launcher: dict, **tables) -
     depend on how prompts are split), a dense reward, batch-whitened advantages; 4 prompts a step,
     so each of the 4 ranks rolls out one."""
     (directory / "reward.py").write_text(REWARD)
-    doc = deep_update(deep_update(TINY_RUN, {
-        "run": {"name": "slurm-ranks"},
-        "model": {"path": str(model_dir)},
-        "rollout": {"samples_per_prompt": 1, "temperature": 0.0},
-        "reward": {"function": "python:reward.py:spread", "method": None},
-        "algorithm": {"advantage": "reinforce_pp"},
-        "data": {"prompts_per_step": 4, "max_response_tokens": 6, "val": None},
-        "trainer": {"steps": 3, "lr": 1e-2, "loggers": ["jsonl", "console"]},
-    }), tables)
+    doc = deep_update(
+        deep_update(
+            TINY_RUN,
+            {
+                "run": {"name": "slurm-ranks"},
+                "model": {"path": str(model_dir)},
+                "rollout": {"samples_per_prompt": 1, "temperature": 0.0},
+                "reward": {"function": "python:reward.py:spread", "method": None},
+                "algorithm": {"advantage": "reinforce_pp"},
+                "data": {"prompts_per_step": 4, "max_response_tokens": 6, "val": None},
+                "trainer": {"steps": 3, "lr": 1e-2, "loggers": ["jsonl", "console"]},
+            },
+        ),
+        tables,
+    )
     doc["launcher"] = launcher
     path = directory / "manifest.toml"
     path.write_text(tomli_w.dumps(doc), encoding="utf-8")
@@ -71,8 +83,12 @@ class Follower:
 
     def __init__(self, *args: str):
         self.lines: list[str] = []
-        self.proc = subprocess.Popen([sys.executable, "-m", "rlcore", "run", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rlcore", "run", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
         self.reader.start()
 
@@ -81,7 +97,9 @@ class Follower:
         return "".join(self.lines)
 
     def job(self) -> str:
-        return wait_for(lambda: (m := re.search(r"submitted job (\d+)", self.out)) and m.group(1), 60, "the job id")
+        return wait_for(
+            lambda: (m := re.search(r"submitted job (\d+)", self.out)) and m.group(1), 60, "the job id"
+        )
 
     def finish(self, timeout: float = 300) -> tuple[int, str]:
         code = self.proc.wait(timeout)
@@ -92,6 +110,7 @@ class Follower:
 def rank_pid(job: str, rank: int) -> int | None:
     """The pid of rank ``rank``'s driver in ``job`` (all nodes of the test cluster are this host):
     the process started with RANK set whose parent is the task's wrapper, not the rank itself."""
+
     def env(pid: str) -> dict[str, str]:
         try:
             raw = Path(f"/proc/{pid}/environ").read_bytes()
@@ -113,7 +132,9 @@ def rank_pid(job: str, rank: int) -> int | None:
 
 def test_two_nodes_of_two_ranks_train_like_one_process(two_nodes, tmp_path, tiny_model):
     one = write_manifest(tmp_path, tiny_model, {"name": "local"})
-    proc = run_cli("run", str(one), "--run-dir", str(tmp_path / "one"), env={"OMP_NUM_THREADS": "1"}, timeout=300)
+    proc = run_cli(
+        "run", str(one), "--run-dir", str(tmp_path / "one"), env={"OMP_NUM_THREADS": "1"}, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     four = write_manifest(tmp_path, tiny_model, SLURM)
     proc = run_cli("run", str(four), "--run-dir", str(tmp_path / "four"), timeout=300)
@@ -157,7 +178,10 @@ def test_a_dead_rank_fails_the_job_and_resume_continues(two_nodes, tmp_path, tin
             subprocess.run(["scancel", follower.job()], check=False)
     # The first error names the rank and its node; srun then ends the other ranks.
     first_error = next(line for line in out.splitlines() if "error" in line.lower())
-    assert first_error == "[rlcore] error: rank 3 (local rank 1 on node rlcore2) exited with status 137 (signal 9)", out[-5000:]
+    assert (
+        first_error
+        == "[rlcore] error: rank 3 (local rank 1 on node rlcore2) exited with status 137 (signal 9)"
+    ), out[-5000:]
     assert "srun: error: rlcore2: task 3: Exited with exit code 137" in out
     assert "[rlcore] ranks exited with status 137" in out
     assert code == 137 and f"job {job} FAILED with exit code 137" in out
@@ -170,8 +194,13 @@ def test_a_dead_rank_fails_the_job_and_resume_continues(two_nodes, tmp_path, tin
     try:
         job = follower.job()
         # This run's own console line (metrics.jsonl may still hold the killed run's later rows).
-        wait_for(lambda: re.search(rf"^step {saved + 1}/50 \|", follower.out, re.M) or follower.proc.poll() is not None,
-                 240, f"step {saved + 1} of the resumed run")
+        wait_for(
+            lambda: (
+                re.search(rf"^step {saved + 1}/50 \|", follower.out, re.M) or follower.proc.poll() is not None
+            ),
+            240,
+            f"step {saved + 1} of the resumed run",
+        )
         assert follower.proc.poll() is None, follower.out[-5000:]
         subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
         code, out = follower.finish()
@@ -196,8 +225,10 @@ def test_a_dead_node_ends_the_job_naming_it(two_nodes, slurm_launcher, launch_re
     ends the job as NODE_FAIL, not a requeue that would rerun it without --resume; srun's line in
     the streamed log names the node. The ranks are stand-ins that wait (no training needed)."""
     fake = tmp_path / "rank-python"
-    fake.write_text(f'#!/bin/sh\n[ "$1" = -c ] && exec {sys.executable} "$@"\n'
-                    'echo "rank $SLURM_PROCID on $SLURMD_NODENAME: waiting"\nexec sleep 300\n')
+    fake.write_text(
+        f'#!/bin/sh\n[ "$1" = -c ] && exec {sys.executable} "$@"\n'
+        'echo "rank $SLURM_PROCID on $SLURMD_NODENAME: waiting"\nexec sleep 300\n'
+    )
     fake.chmod(0o755)
     launcher = slurm_launcher(nodes=2, python=str(fake), job_name="node-death")
     result: dict = {}
@@ -205,21 +236,37 @@ def test_a_dead_node_ends_the_job_naming_it(two_nodes, slurm_launcher, launch_re
     thread.start()
     job = None
     try:
-        job = wait_for(lambda: next((j.job_id for j in slurm.list_jobs() if j.name == "rlcore-node-death"), None),
-                       60, "the job")
+        job = wait_for(
+            lambda: next((j.job_id for j in slurm.list_jobs() if j.name == "rlcore-node-death"), None),
+            60,
+            "the job",
+        )
         log = tmp_path / "run" / "launch" / f"slurm-{job}.log"
         wait_for(lambda: log.exists() and "rank 1 on rlcore2: waiting" in log.read_text(), 60, "both ranks")
-        subprocess.run(["scontrol", "update", "nodename=rlcore2", "state=down", "reason=rlcore test: a node dies"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["scontrol", "update", "nodename=rlcore2", "state=down", "reason=rlcore test: a node dies"],
+            check=True,
+            capture_output=True,
+        )
         thread.join(60)
     finally:
         if thread.is_alive() and job:
             subprocess.run(["scancel", job], check=False)
             thread.join(30)
         # The test cluster returns a node that answers to service (ReturnToService=2); make sure.
-        subprocess.run(["scontrol", "update", "nodename=rlcore2", "state=resume"], check=False, capture_output=True)
-        wait_for(lambda: "down" not in subprocess.run(["sinfo", "-h", "-n", "rlcore2", "-o", "%T"],
-                                                      capture_output=True, text=True).stdout, 30, "rlcore2 back up")
+        subprocess.run(
+            ["scontrol", "update", "nodename=rlcore2", "state=resume"], check=False, capture_output=True
+        )
+        wait_for(
+            lambda: (
+                "down"
+                not in subprocess.run(
+                    ["sinfo", "-h", "-n", "rlcore2", "-o", "%T"], capture_output=True, text=True
+                ).stdout
+            ),
+            30,
+            "rlcore2 back up",
+        )
     out = capsys.readouterr().out
     assert result["code"] == 1, out
     assert "srun: error: Node failure on rlcore2" in out

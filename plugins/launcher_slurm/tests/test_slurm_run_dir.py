@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+from rlcore_launcher_slurm import slurm
 
 from rlcore.errors import UsageError
 from rlcore.testing import require_plugins
 from rlcore.testing.runs import TINY_RUN, TINY_RUN_PLUGINS, deep_update
-
-from rlcore_launcher_slurm import slurm
 
 HOLDER = """
 import os, sys, time
@@ -34,7 +33,9 @@ def holder(tmp_path):
     procs: list[subprocess.Popen] = []
 
     def start(run_dir: Path) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(run_dir)], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(run_dir)], stdout=subprocess.PIPE, text=True
+        )
         procs.append(proc)
         assert int(proc.stdout.readline()) == proc.pid
         return proc
@@ -58,7 +59,9 @@ def _refuse_submitting(monkeypatch):
     monkeypatch.setattr(slurm, "submit", submit)
 
 
-def test_a_run_directory_held_by_a_live_run_is_not_submitted(slurm_launcher, launch_request, holder, tmp_path, monkeypatch):
+def test_a_run_directory_held_by_a_live_run_is_not_submitted(
+    slurm_launcher, launch_request, holder, tmp_path, monkeypatch
+):
     _refuse_submitting(monkeypatch)
     run_dir = tmp_path / "run"
     proc = holder(run_dir)
@@ -92,8 +95,12 @@ def test_cli_dry_run_reports_both_refusals(tmp_path, holder):
     run_dir = tmp_path / "out"
     _complete_checkpoint(run_dir)
     proc = holder(run_dir)
-    dry = subprocess.run([sys.executable, "-m", "rlcore", "run", str(manifest), "--run-dir", str(run_dir), "--dry-run"],
-                         capture_output=True, text=True, timeout=120)
+    dry = subprocess.run(
+        [sys.executable, "-m", "rlcore", "run", str(manifest), "--run-dir", str(run_dir), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     said = " ".join(dry.stdout.split())
     assert dry.returncode == 2, dry.stdout + dry.stderr
     assert "#SBATCH" in dry.stdout and "dry run: nothing was submitted" in said
@@ -102,8 +109,9 @@ def test_cli_dry_run_reports_both_refusals(tmp_path, holder):
 
 
 @pytest.mark.slurm
-def test_submission_waits_for_nothing_once_the_holder_is_killed(slurm_cluster, slurm_launcher, launch_request, holder,
-                                                                 tmp_path, capsys):
+def test_submission_waits_for_nothing_once_the_holder_is_killed(
+    slurm_cluster, slurm_launcher, launch_request, holder, tmp_path, capsys
+):
     run_dir = tmp_path / "run"
     proc = holder(run_dir)
     before = {j.job_id for j in slurm.list_jobs()}
@@ -115,6 +123,8 @@ def test_submission_waits_for_nothing_once_the_holder_is_killed(slurm_cluster, s
     # The lock file stays behind; the kernel released the lock. The job is submitted and its
     # driver runs (and rejects the deliberately broken manifest, exit 2).
     assert (run_dir / ".lock").exists()
-    code = slurm_launcher(nodes=1).launch(launch_request(manifest={"run": {"name": "broken"}}, run_dir=run_dir))
+    code = slurm_launcher(nodes=1).launch(
+        launch_request(manifest={"run": {"name": "broken"}}, run_dir=run_dir)
+    )
     out = capsys.readouterr().out
     assert code == 2 and "submitted job" in out and "[rlcore] ranks exited with status 2" in out

@@ -11,10 +11,9 @@ import sys
 
 import pytest
 from pydantic import ValidationError
+from rlcore_launcher_slurm.options import SlurmOptions
 
 from rlcore.registry import Registry
-
-from rlcore_launcher_slurm.options import SlurmOptions
 
 
 def render(slurm_launcher, launch_request, capsys, manifest=None, **options) -> str:
@@ -37,26 +36,50 @@ def test_plugin_registers_launcher_and_jobs_command():
     assert "jobs" in [command.name for command in registry.commands()]
 
 
-def test_dry_run_renders_resources_and_submits_nothing(slurm_launcher, launch_request, capsys, tmp_path, monkeypatch):
+def test_dry_run_renders_resources_and_submits_nothing(
+    slurm_launcher, launch_request, capsys, tmp_path, monkeypatch
+):
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))  # no SLURM commands at all: a dry run needs none
     out = render(
-        slurm_launcher, launch_request, capsys,
+        slurm_launcher,
+        launch_request,
+        capsys,
         manifest={"run": {"name": "gsm8k grpo"}},
-        nodes=1, gpus_per_node=4, cpus_per_task=16, mem="200G", partition="gpu", account="proj1",
-        time="4:00:00", python="/opt/py/bin/python",
+        nodes=1,
+        gpus_per_node=4,
+        cpus_per_task=16,
+        mem="200G",
+        partition="gpu",
+        account="proj1",
+        time="4:00:00",
+        python="/opt/py/bin/python",
     )
     run_dir = tmp_path / "run"
     directives = sbatch_directives(out)
     assert directives[:2] == ["--job-name=rlcore-gsm8k_grpo", "--comment=rlcore"]
     for expected in (
-        "--nodes=1", "--ntasks-per-node=4", "--no-requeue", "--cpus-per-task=16", "--gpus-per-node=4", "--mem=200G",
-        "--partition=gpu", "--account=proj1", "--time=4:00:00",
-        f"--output={run_dir}/launch/slurm-%j.log", f"--chdir={run_dir}",
+        "--nodes=1",
+        "--ntasks-per-node=4",
+        "--no-requeue",
+        "--cpus-per-task=16",
+        "--gpus-per-node=4",
+        "--mem=200G",
+        "--partition=gpu",
+        "--account=proj1",
+        "--time=4:00:00",
+        f"--output={run_dir}/launch/slurm-%j.log",
+        f"--chdir={run_dir}",
     ):
         assert expected in directives
     driver = re.search(r"^RLCORE_DRIVER=\((.*)\)$", out, re.M).group(1)
     assert shlex.split(driver) == [
-        "/opt/py/bin/python", "-m", "rlcore", "run", f"{run_dir}/launch/manifest.toml", "--run-dir", str(run_dir)
+        "/opt/py/bin/python",
+        "-m",
+        "rlcore",
+        "run",
+        f"{run_dir}/launch/manifest.toml",
+        "--run-dir",
+        str(run_dir),
     ]
     # The dry run wrote nothing.
     assert not run_dir.exists()
@@ -96,7 +119,10 @@ def test_every_rank_starts_through_srun_with_torchrun_variables(slurm_launcher, 
     # The rendezvous is the first node's address on the interface, and a free port found there.
     assert 'RLCORE_RENDEZVOUS=$(in_job "$RLCORE_PYTHON" -c "$RLCORE_RENDEZVOUS_PY" ib0 0)' in out
     assert "export MASTER_ADDR MASTER_PORT" in out
-    assert "export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-ib0} NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-ib0}" in out
+    assert (
+        "export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-ib0} NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-ib0}"
+        in out
+    )
     rank_sh = _rank_sh(out)
     assert "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS" in rank_sh
     assert 'trap "" USR1' in rank_sh  # only the trainer acts on USR1, not the processes it starts
@@ -112,21 +138,34 @@ def test_every_rank_starts_through_srun_with_torchrun_variables(slurm_launcher, 
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_rank_wrapper_sets_the_variables_and_names_a_failed_rank(slurm_launcher, launch_request, capsys, tmp_path):
+def test_rank_wrapper_sets_the_variables_and_names_a_failed_rank(
+    slurm_launcher, launch_request, capsys, tmp_path
+):
     """The task wrapper, run as srun would run it (SLURM's variables set by hand)."""
     rank_sh = _rank_sh(render(slurm_launcher, launch_request, capsys, nodes=2, ranks_per_node=2))
     stopped = tmp_path / "job-7.stopped"
-    slurm_env = {"PATH": "/usr/bin:/bin", "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4",
-                 "SLURM_NODEID": "1", "SLURMD_NODENAME": "node7", "RLCORE_STOPPED_FILE": str(stopped)}
+    slurm_env = {
+        "PATH": "/usr/bin:/bin",
+        "SLURM_PROCID": "3",
+        "SLURM_LOCALID": "1",
+        "SLURM_NTASKS": "4",
+        "SLURM_NODEID": "1",
+        "SLURMD_NODENAME": "node7",
+        "RLCORE_STOPPED_FILE": str(stopped),
+    }
 
     def task(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", "-c", rank_sh, "rlcore-rank", *argv], env=slurm_env, capture_output=True, text=True)
+        return subprocess.run(
+            ["bash", "-c", rank_sh, "rlcore-rank", *argv], env=slurm_env, capture_output=True, text=True
+        )
 
     proc = task("bash", "-c", 'echo "$RANK $LOCAL_RANK $WORLD_SIZE $NODE_RANK"')
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "3 1 4 1\n", "")
     proc = task("bash", "-c", "kill -9 $$")
     assert proc.returncode == 137
-    assert "[rlcore] error: rank 3 (local rank 1 on node node7) exited with status 137 (signal 9)" in proc.stderr
+    assert (
+        "[rlcore] error: rank 3 (local rank 1 on node node7) exited with status 137 (signal 9)" in proc.stderr
+    )
     assert not stopped.exists()
     # A rank that stopped for USR1 (checkpoint written, exit 138) is no failure for srun, which
     # would end the other ranks while they finish the same stop; the job reads the status back.
@@ -135,25 +174,42 @@ def test_rank_wrapper_sets_the_variables_and_names_a_failed_rank(slurm_launcher,
     assert stopped.read_text() == "138\n"
     # USR1 (srun hands it to every process of the step) is ignored by the wrapper and by what it
     # starts, until a process installs a handler (the trainer does).
-    proc = task(sys.executable, "-c", "import os, signal; os.kill(os.getppid(), signal.SIGUSR1); "
-                "os.kill(os.getpid(), signal.SIGUSR1); print('alive')")
+    proc = task(
+        sys.executable,
+        "-c",
+        "import os, signal; os.kill(os.getppid(), signal.SIGUSR1); "
+        "os.kill(os.getpid(), signal.SIGUSR1); print('alive')",
+    )
     assert (proc.returncode, proc.stdout) == (0, "alive\n"), proc.stderr
 
 
 def test_container_wraps_every_command(slurm_launcher, launch_request, capsys, tmp_path):
     out = render(
-        slurm_launcher, launch_request, capsys,
-        nodes=2, gpus_per_node=2, container="/images/rl.sif", container_binds=["/data", "/models:/models:ro"],
+        slurm_launcher,
+        launch_request,
+        capsys,
+        nodes=2,
+        gpus_per_node=2,
+        container="/images/rl.sif",
+        container_binds=["/data", "/models:/models:ro"],
     )
     wrap = re.search(r"^RLCORE_WRAP=\((.*)\)$", out, re.M).group(1)
     assert shlex.split(wrap) == [
-        "apptainer", "exec", "--nv", "--bind", str(tmp_path / "run"), "--bind", "/data",
-        "--bind", "/models:/models:ro", "/images/rl.sif",
+        "apptainer",
+        "exec",
+        "--nv",
+        "--bind",
+        str(tmp_path / "run"),
+        "--bind",
+        "/data",
+        "--bind",
+        "/models:/models:ro",
+        "/images/rl.sif",
     ]
     assert "command -v apptainer" in out
     # The rendezvous and every rank run through the wrapper.
     assert 'in_job() { "${RLCORE_WRAP[@]}" "$@"; }' in out
-    assert 'RLCORE_RENDEZVOUS=$(in_job ' in out
+    assert "RLCORE_RENDEZVOUS=$(in_job " in out
     assert '"${RLCORE_SRUN[@]}" "${RLCORE_WRAP[@]}" bash -c' in out
     no_gpu = render(slurm_launcher, launch_request, capsys, container="/images/rl.sif")
     assert "--nv" not in re.search(r"^RLCORE_WRAP=\((.*)\)$", no_gpu, re.M).group(1)
@@ -163,7 +219,9 @@ def test_container_wraps_every_command(slurm_launcher, launch_request, capsys, t
 
 def test_env_and_extra_lines(slurm_launcher, launch_request, capsys):
     out = render(
-        slurm_launcher, launch_request, capsys,
+        slurm_launcher,
+        launch_request,
+        capsys,
         env={"HF_HOME": "/scratch/hf cache", "NCCL_DEBUG": "INFO", "QUOTE": "it's"},
         sbatch_extra=["--qos=high", "#SBATCH --exclusive", "--constraint=a100|h100"],
     )
@@ -185,10 +243,19 @@ def test_resume_is_passed_to_the_driver(slurm_launcher, launch_request, capsys):
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-@pytest.mark.parametrize("options", [{}, {"nodes": 3, "network_interface": "lo", "ranks_per_node": 2, "master_port": 29500}, {"container": "/x.sif", "env": {"A": "b c"}}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"nodes": 3, "network_interface": "lo", "ranks_per_node": 2, "master_port": 29500},
+        {"container": "/x.sif", "env": {"A": "b c"}},
+    ],
+)
 def test_rendered_script_is_valid_bash(slurm_launcher, launch_request, capsys, tmp_path, options):
     script = tmp_path / "job.sh"
-    script.write_text(render(slurm_launcher, launch_request, capsys, **options).split("[rlcore slurm] dry run")[0])
+    script.write_text(
+        render(slurm_launcher, launch_request, capsys, **options).split("[rlcore slurm] dry run")[0]
+    )
     proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 
@@ -229,12 +296,19 @@ def test_stop_signal_only_below_the_time_limit():
     from rlcore_launcher_slurm import script as script_module
     from rlcore_launcher_slurm.options import SlurmOptions, time_limit_seconds
 
-    assert [time_limit_seconds(t) for t in ("30", "2:30", "1:00:00", "1-2", "1-2:03", "1-0:0:5", "UNLIMITED", None)] == [
-        1800, 150, 3600, 93600, 93780, 86405, None, None]
+    assert [
+        time_limit_seconds(t)
+        for t in ("30", "2:30", "1:00:00", "1-2", "1-2:03", "1-0:0:5", "UNLIMITED", None)
+    ] == [1800, 150, 3600, 93600, 93780, 86405, None, None]
 
     def script(**options):
-        return script_module.render(SlurmOptions(**options), manifest={"run": {"name": "x"}}, run_dir="/tmp/run",
-                                    driver=["python", "-m", "rlcore"], python="python")
+        return script_module.render(
+            SlurmOptions(**options),
+            manifest={"run": {"name": "x"}},
+            run_dir="/tmp/run",
+            driver=["python", "-m", "rlcore"],
+            python="python",
+        )
 
     assert "#SBATCH --signal=B:USR1@120" in script(time="10")
     assert "#SBATCH --signal=B:USR1@120" in script()  # the partition's limit

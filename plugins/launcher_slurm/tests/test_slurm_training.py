@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+from rlcore_launcher_slurm import slurm
 
 from rlcore.testing import require_plugins
 from rlcore.testing.runs import TINY_RUN, TINY_RUN_PLUGINS, deep_update
-
-from rlcore_launcher_slurm import slurm
 
 # Every test here runs TINY_RUN, whose components come from plugins this one does not depend on.
 require_plugins(*TINY_RUN_PLUGINS)
@@ -25,12 +24,15 @@ require_plugins(*TINY_RUN_PLUGINS)
 
 def tiny_manifest(directory: Path, model: Path, steps: int = 2, **launcher) -> Path:
     """The shared tiny training manifest (rlcore.testing.runs.TINY_RUN), launched through SLURM."""
-    doc = deep_update(TINY_RUN, {
-        "run": {"name": "slurm-e2e"},
-        "model": {"path": str(model)},
-        "trainer": {"steps": steps, "loggers": ["console", "jsonl"]},
-        "launcher": {"name": "slurm", "poll_interval": 0.5, **launcher},
-    })
+    doc = deep_update(
+        TINY_RUN,
+        {
+            "run": {"name": "slurm-e2e"},
+            "model": {"path": str(model)},
+            "trainer": {"steps": steps, "loggers": ["console", "jsonl"]},
+            "launcher": {"name": "slurm", "poll_interval": 0.5, **launcher},
+        },
+    )
     path = directory / "manifest.toml"
     path.write_text(tomli_w.dumps(doc), encoding="utf-8")
     return path
@@ -46,13 +48,30 @@ def test_cli_dry_run_prints_the_script(tmp_path):
     (tmp_path / "model").mkdir()  # validation only checks that it exists; a dry run loads nothing
     manifest = tiny_manifest(tmp_path, tmp_path / "model", nodes=1)
     run_dir = tmp_path / "out"
-    proc = rlcore("run", str(manifest), "--run-dir", str(run_dir), "--dry-run", "--set", "launcher.nodes=3",
-                  "--set", 'launcher.partition="gpu"', "--set", "trainer.steps=7", timeout=120)
+    proc = rlcore(
+        "run",
+        str(manifest),
+        "--run-dir",
+        str(run_dir),
+        "--dry-run",
+        "--set",
+        "launcher.nodes=3",
+        "--set",
+        'launcher.partition="gpu"',
+        "--set",
+        "trainer.steps=7",
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "#SBATCH --nodes=3" in proc.stdout and "#SBATCH --partition=gpu" in proc.stdout
     driver = re.search(r"^RLCORE_DRIVER=\((.*)\)$", proc.stdout, re.M).group(1)
     assert shlex.split(driver)[1:] == [
-        "-m", "rlcore", "run", f"{run_dir}/launch/manifest.toml", "--run-dir", str(run_dir)
+        "-m",
+        "rlcore",
+        "run",
+        f"{run_dir}/launch/manifest.toml",
+        "--run-dir",
+        str(run_dir),
     ]
     assert not run_dir.exists()
 
@@ -91,9 +110,22 @@ def test_signal_ahead_of_the_time_limit_checkpoints_the_step(slurm_cluster, tmp_
 
     manifest = tiny_manifest(tmp_path, tiny_model, steps=200, nodes=1, cpus_per_task=1, time="10")
     run_dir = tmp_path / "out"
-    follower = subprocess.Popen([sys.executable, "-m", "rlcore", "run", str(manifest), "--run-dir", str(run_dir),
-                                 "--set", "trainer.save_every=0"],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    follower = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rlcore",
+            "run",
+            str(manifest),
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            "trainer.save_every=0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and follower.poll() is None:
@@ -107,6 +139,8 @@ def test_signal_ahead_of_the_time_limit_checkpoints_the_step(slurm_cluster, tmp_
     assert "#SBATCH --signal=B:USR1@120" in (run_dir / "launch" / "slurm.sbatch").read_text()
     assert "[rlcore] USR1 received" in out, out
     assert "[rlcore] ranks exited with status 138" in out, out
-    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if '"actor/pg_loss"' in line]
+    steps = [
+        json.loads(line)["step"] for line in metrics.read_text().splitlines() if '"actor/pg_loss"' in line
+    ]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{steps[-1]:06d}"
     assert follower.returncode != 0

@@ -9,14 +9,13 @@ import math
 from pathlib import Path
 
 import pytest
+from rlcore_lm_eval.harness import LmEvalHarness
+from rlcore_lm_eval.plugin import LmEvalOptions
 
 from rlcore.errors import UsageError
 from rlcore.testing import require_plugins
 from rlcore.testing.api import check_plugin_imports, describe_violations
 from rlcore.testing.runs import run_cli, write_run_manifest
-
-from rlcore_lm_eval.harness import LmEvalHarness
-from rlcore_lm_eval.plugin import LmEvalOptions
 
 QUESTIONS = [("2 + 3", "5"), ("4 + 4", "8"), ("1 + 6", "7"), ("9 - 2", "7"), ("3 + 3", "6"), ("8 - 5", "3")]
 
@@ -28,14 +27,23 @@ def write_tasks(directory: Path) -> Path:
     with data.open("w") as f:
         for q, a in QUESTIONS:
             wrong = str((int(a) + 1) % 10)
-            f.write(json.dumps({"question": q, "answer": a, "choices": [a, wrong] if int(a) % 2 else [wrong, a],
-                                "label": 0 if int(a) % 2 else 1}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "question": q,
+                        "answer": a,
+                        "choices": [a, wrong] if int(a) % 2 else [wrong, a],
+                        "label": 0 if int(a) % 2 else 1,
+                    }
+                )
+                + "\n"
+            )
     common = f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
     (directory / "sums_gen.yaml").write_text(
         "task: rlcore_sums_gen\n" + common + "output_type: generate_until\n"
         'doc_to_text: "What is {{question}}? Answer:"\ndoc_to_target: " {{answer}}"\n'
         'generation_kwargs:\n  until: ["\\n", "."]\n  max_gen_toks: 4\n'
-        "metric_list:\n  - metric: exact_match\n    regexes_to_ignore: [\" \"]\n"
+        'metric_list:\n  - metric: exact_match\n    regexes_to_ignore: [" "]\n'
     )
     (directory / "sums_mc.yaml").write_text(
         "task: rlcore_sums_mc\n" + common + "output_type: multiple_choice\n"
@@ -79,7 +87,9 @@ class KnowingPolicy:
     def loglikelihood(self, requests):
         out = []
         for context, continuation in requests:
-            right = self.tokenizer.decode(continuation).strip() == self._answer(self.tokenizer.decode(context))
+            right = self.tokenizer.decode(continuation).strip() == self._answer(
+                self.tokenizer.decode(context)
+            )
             out.append((-0.1 if right else -5.0, right))
         return out
 
@@ -93,8 +103,11 @@ def test_the_plugin_uses_only_the_plugin_api():
 def test_the_adapter_hands_lm_eval_what_the_policy_answers(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     tasks = write_tasks(tmp_path / "tasks")
-    harness = LmEvalHarness(LmEvalOptions(tasks=["rlcore_sums_gen", "rlcore_sums_mc"], include_path=str(tasks),
-                                          include_defaults=False))
+    harness = LmEvalHarness(
+        LmEvalOptions(
+            tasks=["rlcore_sums_gen", "rlcore_sums_mc"], include_path=str(tasks), include_defaults=False
+        )
+    )
     policy = KnowingPolicy()
     report = harness.run(policy, str(tmp_path))
     assert report["results"]["rlcore_sums_gen"]["exact_match,none"] == 1.0
@@ -107,7 +120,9 @@ def test_the_adapter_hands_lm_eval_what_the_policy_answers(tmp_path, monkeypatch
 def test_unknown_tasks_are_refused_before_any_model_loads(tmp_path):
     tasks = write_tasks(tmp_path / "tasks")
     with pytest.raises(UsageError, match=r"no task 'rlcore_sums_gn' \(did you mean 'rlcore_sums_gen'\?\)"):
-        LmEvalHarness(LmEvalOptions(tasks=["rlcore_sums_gn"], include_path=str(tasks), include_defaults=False))
+        LmEvalHarness(
+            LmEvalOptions(tasks=["rlcore_sums_gn"], include_path=str(tasks), include_defaults=False)
+        )
     with pytest.raises(UsageError, match="not a directory"):
         LmEvalHarness(LmEvalOptions(tasks=["x"], include_path=str(tmp_path / "nope")))
 
@@ -120,10 +135,24 @@ def test_rlcore_eval_runs_lm_eval_through_the_engine(tiny_model, tmp_path):
     tasks = write_tasks(tmp_path / "tasks")
     manifest = write_run_manifest(tmp_path, tiny_model)
     out = tmp_path / "eval.json"
-    proc = run_cli("eval", str(manifest), "--model", str(tiny_model), "--harness", "lm_eval",
-                   "--tasks", "rlcore_sums_gen,rlcore_sums_mc", "--harness-option", f"include_path='{tasks}'",
-                   "--harness-option", "include_defaults=false",
-                   "--output", str(out), env={"HF_DATASETS_OFFLINE": "1"}, timeout=600)
+    proc = run_cli(
+        "eval",
+        str(manifest),
+        "--model",
+        str(tiny_model),
+        "--harness",
+        "lm_eval",
+        "--tasks",
+        "rlcore_sums_gen,rlcore_sums_mc",
+        "--harness-option",
+        f"include_path='{tasks}'",
+        "--harness-option",
+        "include_defaults=false",
+        "--output",
+        str(out),
+        env={"HF_DATASETS_OFFLINE": "1"},
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     harness = report["harness"]

@@ -21,9 +21,13 @@ def _sink(name):
     return registry_with(rlcore_loggers.plugin, "loggers", "rlcore-loggers").get("metrics_sink", name)
 
 
-@pytest.mark.parametrize("name, hidden", [
-    ("tensorboard", "torch.utils.tensorboard"), ("wandb", "wandb"),
-])
+@pytest.mark.parametrize(
+    "name, hidden",
+    [
+        ("tensorboard", "torch.utils.tensorboard"),
+        ("wandb", "wandb"),
+    ],
+)
 def test_a_missing_library_names_the_extra(tmp_path, monkeypatch, name, hidden):
     monkeypatch.setitem(sys.modules, hidden, None)  # importing it now fails as if it were not installed
     with pytest.raises(RlcoreError) as caught:

@@ -46,8 +46,11 @@ def _float32(read_back):
         for step, metrics in STEPS:
             for key, value in metrics.items():
                 got = read.get(step, {}).get(key)
-                if got is not None and math.isfinite(value) and math.isclose(got, _as_float32(value),
-                                                                              rel_tol=1e-6):
+                if (
+                    got is not None
+                    and math.isfinite(value)
+                    and math.isclose(got, _as_float32(value), rel_tol=1e-6)
+                ):
                     read[step][key] = value
         return read
 
@@ -57,8 +60,12 @@ def _float32(read_back):
 def test_tensorboard_passes_the_kit_and_keeps_every_finite_value(tmp_path):
     pytest.importorskip("tensorboard")
     pytest.importorskip("torch")
-    result = check_metrics_sink(_sink("tensorboard"), {"subdir": "tb"}, run_dir=tmp_path,
-                                read_back=_float32(lambda run_dir: _tensorboard_scalars(run_dir / "tb")))
+    result = check_metrics_sink(
+        _sink("tensorboard"),
+        {"subdir": "tb"},
+        run_dir=tmp_path,
+        read_back=_float32(lambda run_dir: _tensorboard_scalars(run_dir / "tb")),
+    )
     assert math.isnan(result["read"][2]["actor/pg_loss"])
     assert result["read"][1]["critic/score/mean"] == 0.25
 
@@ -82,6 +89,7 @@ def test_tensorboard_resumed_drops_the_steps_after_the_checkpoint(tmp_path):
 def test_wandb_offline_passes_the_kit_and_writes_an_offline_run(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    result = check_metrics_sink(_sink("wandb"), {"mode": "offline", "project": "kit"},
-                                run_dir=tmp_path / "run")
+    result = check_metrics_sink(
+        _sink("wandb"), {"mode": "offline", "project": "kit"}, run_dir=tmp_path / "run"
+    )
     assert list((result["run_dir"] / "wandb").glob("offline-run-*"))

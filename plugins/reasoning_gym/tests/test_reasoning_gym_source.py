@@ -9,16 +9,15 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import rlcore_reasoning_gym.plugin as plugin
+from rlcore_reasoning_gym.options import ReasoningGymRewardOptions, ReasoningGymSourceOptions
+from rlcore_reasoning_gym.reward import ReasoningGymReward
+from rlcore_reasoning_gym.source import ReasoningGymSource, shares
 
 from rlcore.errors import RlcoreError
 from rlcore.interfaces import Prompt, RewardInput
 from rlcore.testing.api import check_plugin_imports, describe_violations
 from rlcore.testing.runs import check_data_spec, read_data_spec, registry_with
-
-import rlcore_reasoning_gym.plugin as plugin
-from rlcore_reasoning_gym.options import ReasoningGymRewardOptions, ReasoningGymSourceOptions
-from rlcore_reasoning_gym.reward import ReasoningGymReward
-from rlcore_reasoning_gym.source import ReasoningGymSource, shares
 
 SUM = {"max_terms": 2, "max_digits": 1}
 
@@ -43,13 +42,17 @@ def test_the_plugin_uses_only_the_plugin_api():
 
 
 def test_a_spec_string_gives_verl_rows_of_the_task(registry):
-    batch, name = read_data_spec("reasoning_gym:chain_sum?size=12&seed=3&max_terms=2&max_digits=1", registry=registry)
+    batch, name = read_data_spec(
+        "reasoning_gym:chain_sum?size=12&seed=3&max_terms=2&max_digits=1", registry=registry
+    )
     assert name.startswith("reasoning_gym:chain_sum") and len(batch) == 12
     row = batch[0]
     assert row["data_source"] == "reasoning_gym/chain_sum"
     assert row["prompt"][-1]["role"] == "user" and "arithmetic problem" in row["prompt"][-1]["content"]
     assert row["reward_model"]["ground_truth"] == row["extra_info"]["reasoning_gym"]["entry"]["answer"]
-    again, _ = read_data_spec("reasoning_gym:chain_sum?size=12&seed=3&max_terms=2&max_digits=1", registry=registry)
+    again, _ = read_data_spec(
+        "reasoning_gym:chain_sum?size=12&seed=3&max_terms=2&max_digits=1", registry=registry
+    )
     assert again == batch  # a seed gives the same rows
 
 
@@ -66,7 +69,10 @@ def test_train_and_validation_never_share_an_item():
 
 def test_a_mixture_shares_rows_by_weight_and_names_each_task():
     batch = rows(size=20, seed=0, tasks={"chain_sum": {"weight": 3, **SUM}, "products": {"max_digits": 1}})
-    assert Counter(r["data_source"] for r in batch) == {"reasoning_gym/chain_sum": 15, "reasoning_gym/products": 5}
+    assert Counter(r["data_source"] for r in batch) == {
+        "reasoning_gym/chain_sum": 15,
+        "reasoning_gym/products": 5,
+    }
     assert shares(10, {"a": 1, "b": 1, "c": 1}) == {"a": 4, "b": 3, "c": 3}
     # Adding a task does not change the items another task draws.
     alone = rows(size=15, seed=0, tasks={"chain_sum": SUM})
@@ -74,7 +80,9 @@ def test_a_mixture_shares_rows_by_weight_and_names_each_task():
 
 
 def test_prompts_take_a_system_prompt_and_an_instruction():
-    row = rows(task="products", size=1, max_digits=1, system_prompt="Be brief.", instruction="Only the number.")[0]
+    row = rows(
+        task="products", size=1, max_digits=1, system_prompt="Be brief.", instruction="Only the number."
+    )[0]
     assert row["prompt"][0] == {"role": "system", "content": "Be brief."}
     assert row["prompt"][1]["content"].endswith("\nOnly the number.")
 
@@ -82,10 +90,19 @@ def test_prompts_take_a_system_prompt_and_an_instruction():
 @pytest.mark.parametrize(
     ("spec", "phrases"),
     [
-        ("reasoning_gym:chan_sum", ["unknown reasoning_gym task 'chan_sum'", "did you mean 'chain_sum'", "leg_counting"]),
-        ("reasoning_gym:chain_sum?max_term=2", ["no option 'max_term'", "did you mean 'max_terms'", "min_digits"]),
+        (
+            "reasoning_gym:chan_sum",
+            ["unknown reasoning_gym task 'chan_sum'", "did you mean 'chain_sum'", "leg_counting"],
+        ),
+        (
+            "reasoning_gym:chain_sum?max_term=2",
+            ["no option 'max_term'", "did you mean 'max_terms'", "min_digits"],
+        ),
         ("reasoning_gym:chain_sum?max_terms=two", ["max_terms", "integer"]),
-        ("reasoning_gym:chain_sum?min_terms=5&max_terms=2", ["refused by reasoning_gym", "max_terms must be >= min_terms"]),
+        (
+            "reasoning_gym:chain_sum?min_terms=5&max_terms=2",
+            ["refused by reasoning_gym", "max_terms must be >= min_terms"],
+        ),
         ("reasoning_gym:chain_sum?size=0", ["size", "greater than or equal to 1"]),
         ("reasoning_gym:chain_sum?seed=1&size=3&split=val", ["split", "'train' or 'test'"]),
         ("reasoning_gym:", ["name a task"]),
@@ -111,7 +128,9 @@ def test_validation_imports_no_torch(tmp_path):
 
 
 def score(reward, row, response):
-    return reward(RewardInput(response=response, data_source=row["data_source"], extra_info=row["extra_info"])).score
+    return reward(
+        RewardInput(response=response, data_source=row["data_source"], extra_info=row["extra_info"])
+    ).score
 
 
 def test_the_reward_scores_each_row_with_its_own_task():
@@ -135,7 +154,9 @@ def test_the_reward_scores_each_row_with_its_own_task():
 def test_the_reward_refuses_rows_it_cannot_score():
     reward = ReasoningGymReward(ReasoningGymRewardOptions())
     good = rows(task="products", size=1, max_digits=1)[0]
-    prompt = lambda info, index: Prompt(token_ids=[1], messages=[], data_source="x", extra_info=info, index=index)  # noqa: E731
+    prompt = lambda info, index: Prompt(
+        token_ids=[1], messages=[], data_source="x", extra_info=info, index=index
+    )  # noqa: E731
     reward.check_data([prompt(good["extra_info"], 0)], "ok")
     with pytest.raises(RlcoreError, match=r"data 'f.jsonl', row 4: .*no extra_info.reasoning_gym"):
         reward.check_data([prompt(good["extra_info"], 0), prompt({}, 4)], "f.jsonl")

@@ -12,18 +12,26 @@ from pathlib import Path
 import pytest
 
 
-def make_classifier(target: Path, tokenizer_dir: Path, num_labels: int = 1, id2label: dict | None = None,
-                    seed: int = 0) -> Path:
+def make_classifier(
+    target: Path, tokenizer_dir: Path, num_labels: int = 1, id2label: dict | None = None, seed: int = 0
+) -> Path:
     """A random 2-layer LlamaForSequenceClassification (hidden 32) saved with the tiny model's tokenizer."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-        num_labels=num_labels, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        num_labels=num_labels,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
         **({"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}} if id2label else {}),
     )
     torch.manual_seed(seed)
@@ -45,7 +53,9 @@ def tiny_rm(tiny_model, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_rm2(tiny_model, tmp_path_factory):
     """Two outputs, named bad and good."""
-    return make_classifier(tmp_path_factory.mktemp("tiny-rm2"), tiny_model, num_labels=2, id2label={0: "bad", 1: "good"})
+    return make_classifier(
+        tmp_path_factory.mktemp("tiny-rm2"), tiny_model, num_labels=2, id2label={0: "bad", 1: "good"}
+    )
 
 
 class JudgeServer:
@@ -82,9 +92,20 @@ class JudgeServer:
                     with server.lock:
                         server.active -= 1
                 if status == 200:
-                    payload = json.dumps({"id": f"c{n}", "object": "chat.completion", "model": body["model"],
-                                          "choices": [{"index": 0, "finish_reason": "stop",
-                                                       "message": {"role": "assistant", "content": text}}]})
+                    payload = json.dumps(
+                        {
+                            "id": f"c{n}",
+                            "object": "chat.completion",
+                            "model": body["model"],
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": text},
+                                }
+                            ],
+                        }
+                    )
                 else:
                     payload = json.dumps({"error": {"message": text}})
                 data = payload.encode()

@@ -11,14 +11,16 @@ from pydantic import ValidationError
 
 pytest.importorskip("httpx")
 
-from rlcore.errors import UsageError  # noqa: E402
-from rlcore.interfaces import BuildContext, RewardInput, RewardResult  # noqa: E402
-
 from rlcore_reward_model.judge import build  # noqa: E402
 from rlcore_reward_model.options import JudgeOptions  # noqa: E402
 
-CHATML = ("<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is {q}?<|im_end|>\n"
-          "<|im_start|>assistant\n")
+from rlcore.errors import UsageError  # noqa: E402
+from rlcore.interfaces import BuildContext, RewardInput, RewardResult  # noqa: E402
+
+CHATML = (
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nWhat is {q}?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
 
 
 def item(q="2 + 3", response="5", truth="5", group=0):
@@ -36,16 +38,32 @@ def scores(results):
 
 
 def test_replies_are_parsed_and_normalised_and_the_request_is_what_the_options_say(judge_server):
-    replies = {"5": "The answer is right, 5 = 5.\nScore: 9", "6": "<think>maybe 10? 2+3 is 5</think>Wrong.\n2",
-               "7": "Final score: 7.5/10 ... no: 4"}
-    server = judge_server(lambda body, n: (200, replies[body["messages"][-1]["content"].rsplit("ANSWER=", 1)[1]], 0))
-    j = judge(server.url, prompt_template="Q: {prompt}\nTruth: {ground_truth}\nJSON: {{\"x\": 1}}\nANSWER={response}",
-              system_prompt="You grade.", temperature=0.3, max_tokens=64, extra_body={"top_p": 0.5})
+    replies = {
+        "5": "The answer is right, 5 = 5.\nScore: 9",
+        "6": "<think>maybe 10? 2+3 is 5</think>Wrong.\n2",
+        "7": "Final score: 7.5/10 ... no: 4",
+    }
+    server = judge_server(
+        lambda body, n: (200, replies[body["messages"][-1]["content"].rsplit("ANSWER=", 1)[1]], 0)
+    )
+    j = judge(
+        server.url,
+        prompt_template='Q: {prompt}\nTruth: {ground_truth}\nJSON: {{"x": 1}}\nANSWER={response}',
+        system_prompt="You grade.",
+        temperature=0.3,
+        max_tokens=64,
+        extra_body={"top_p": 0.5},
+    )
     results = j.score_batch([item(response="5"), item(response="6"), item(response="7")])
     assert scores(results) == pytest.approx([0.9, 0.2, 0.4])
     assert [r.metrics["judge_failed"] for r in results] == [0.0, 0.0, 0.0]
     body = server.bodies[0]
-    assert body["model"] == "grader" and body["temperature"] == 0.3 and body["max_tokens"] == 64 and body["top_p"] == 0.5
+    assert (
+        body["model"] == "grader"
+        and body["temperature"] == 0.3
+        and body["max_tokens"] == 64
+        and body["top_p"] == 0.5
+    )
     assert body["messages"][0] == {"role": "system", "content": "You grade."}
     # {prompt} is the question without the policy's template markup; {{ }} are literal braces.
     assert body["messages"][1]["content"].startswith('Q: What is 2 + 3?\nTruth: 5\nJSON: {"x": 1}\nANSWER=')
@@ -119,19 +137,24 @@ def test_the_api_key_comes_from_the_named_environment_variable(judge_server, mon
     assert scores(judge(server.url, api_key_env="MY_JUDGE_KEY").score_batch([item()])) == [1.0]
     assert server.headers[0]["Authorization"] == "Bearer sk-test-123"
     monkeypatch.delenv("MY_JUDGE_KEY")
-    with pytest.raises(UsageError, match="api_key_env = 'MY_JUDGE_KEY': that environment variable is not set"):
+    with pytest.raises(
+        UsageError, match="api_key_env = 'MY_JUDGE_KEY': that environment variable is not set"
+    ):
         judge(server.url, api_key_env="MY_JUDGE_KEY")
 
 
-@pytest.mark.parametrize(("options", "match"), [
-    ({"prompt_template": "Grade {respons}"}, r"unknown placeholder \{respons\}; known: \{prompt\}"),
-    ({"prompt_template": "Grade {prompt}"}, r"put \{response\} in it"),
-    ({"score_pattern": "(\\d+"}, "not a valid regular expression"),
-    ({"api_key_env": "sk-abc-123"}, "never put the key itself in the manifest"),
-    ({"base_url": "localhost:8000"}, "expected an http:// or https:// URL"),
-    ({"extra_body": {"messages": []}}, "extra_body may not set messages"),
-    ({"max_score": 0}, "greater than 0"),
-])
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"prompt_template": "Grade {respons}"}, r"unknown placeholder \{respons\}; known: \{prompt\}"),
+        ({"prompt_template": "Grade {prompt}"}, r"put \{response\} in it"),
+        ({"score_pattern": "(\\d+"}, "not a valid regular expression"),
+        ({"api_key_env": "sk-abc-123"}, "never put the key itself in the manifest"),
+        ({"base_url": "localhost:8000"}, "expected an http:// or https:// URL"),
+        ({"extra_body": {"messages": []}}, "extra_body may not set messages"),
+        ({"max_score": 0}, "greater than 0"),
+    ],
+)
 def test_bad_options_are_refused_by_validation(options, match):
     with pytest.raises(ValidationError, match=match):
         JudgeOptions(**{"base_url": "http://127.0.0.1:1/v1", "model": "m", **options})

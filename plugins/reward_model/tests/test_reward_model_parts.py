@@ -8,14 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from rlcore_reward_model.conversation import conversation_text, parse_rendered, prompt_messages
+from rlcore_reward_model.options import JudgeOptions, RewardModelOptions, fill_template
+from rlcore_reward_model.rule import combine, load_rule
 
 from rlcore.errors import UsageError
 from rlcore.interfaces import RewardInput, RewardResult
 from rlcore.testing.api import check_plugin_imports, describe_violations
-
-from rlcore_reward_model.conversation import conversation_text, parse_rendered, prompt_messages
-from rlcore_reward_model.options import JudgeOptions, RewardModelOptions, fill_template
-from rlcore_reward_model.rule import combine, load_rule
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -32,26 +31,43 @@ def test_registration_imports_neither_torch_transformers_nor_httpx(rlcore_regist
     found = rlcore_registry.components("reward_function")
     assert found["reward_model"].options is RewardModelOptions and found["judge"].options is JudgeOptions
     assert found["reward_model"].factory == "rlcore_reward_model.model:build"
-    code = ("import sys, rlcore_reward_model.plugin, rlcore_reward_model.options, rlcore_reward_model.conversation;"
-            "print([m for m in ('torch', 'transformers', 'httpx') if m in sys.modules])")
+    code = (
+        "import sys, rlcore_reward_model.plugin, rlcore_reward_model.options, rlcore_reward_model.conversation;"
+        "print([m for m in ('torch', 'transformers', 'httpx') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
-CHATML = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi\nthere<|im_end|>\n"
-          "<|im_start|>assistant\nHello<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n")
-LLAMA3 = ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
-          "<|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+CHATML = (
+    "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi\nthere<|im_end|>\n"
+    "<|im_start|>assistant\nHello<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+)
+LLAMA3 = (
+    "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+    "<|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+)
 GEMMA = "<bos><start_of_turn>user\n2+2?<end_of_turn>\n<start_of_turn>model\n"
 
 
-@pytest.mark.parametrize(("text", "form", "messages"), [
-    (CHATML, "chatml", [("system", "Be brief."), ("user", "Hi\nthere"), ("assistant", "Hello"), ("user", "2+2?")]),
-    (LLAMA3, "llama3", [("system", "Be brief."), ("user", "2+2?")]),
-    (GEMMA, "gemma", [("user", "2+2?")]),
-    ("Question: 2+2?\nAnswer:", "text", [("user", "Question: 2+2?\nAnswer:")]),
-    ("junk <|im_start|>user\n2+2?<|im_end|>\n", "text", [("user", "junk <|im_start|>user\n2+2?<|im_end|>\n")]),
-])
+@pytest.mark.parametrize(
+    ("text", "form", "messages"),
+    [
+        (
+            CHATML,
+            "chatml",
+            [("system", "Be brief."), ("user", "Hi\nthere"), ("assistant", "Hello"), ("user", "2+2?")],
+        ),
+        (LLAMA3, "llama3", [("system", "Be brief."), ("user", "2+2?")]),
+        (GEMMA, "gemma", [("user", "2+2?")]),
+        ("Question: 2+2?\nAnswer:", "text", [("user", "Question: 2+2?\nAnswer:")]),
+        (
+            "junk <|im_start|>user\n2+2?<|im_end|>\n",
+            "text",
+            [("user", "junk <|im_start|>user\n2+2?<|im_end|>\n")],
+        ),
+    ],
+)
 def test_messages_are_read_back_from_the_rendered_prompt(text, form, messages):
     found, how = parse_rendered(text)
     assert how == form and [(m["role"], m["content"]) for m in found] == messages
@@ -59,7 +75,10 @@ def test_messages_are_read_back_from_the_rendered_prompt(text, form, messages):
 
 def test_given_messages_win_and_the_judge_sees_plain_text():
     given = [{"role": "user", "content": "from the data"}]
-    assert prompt_messages(RewardInput(response="", prompt=CHATML, extra_info={"messages": given})) == (given, "given")
+    assert prompt_messages(RewardInput(response="", prompt=CHATML, extra_info={"messages": given})) == (
+        given,
+        "given",
+    )
     assert conversation_text(parse_rendered(LLAMA3)[0]) == "2+2?"
     assert conversation_text(parse_rendered(CHATML)[0]) == "User: Hi\nthere\n\nAssistant: Hello\n\nUser: 2+2?"
 
@@ -105,7 +124,12 @@ def test_a_failing_rule_costs_its_part_only_counted(tmp_path):
 
 def test_a_missing_rule_is_refused_naming_it(tmp_path):
     write_rules(tmp_path)
-    with pytest.raises(UsageError, match=r"rule of the 'reward_model' reward: .*has no function 'has42' \(did you mean 'has_42'"):
+    with pytest.raises(
+        UsageError,
+        match=r"rule of the 'reward_model' reward: .*has no function 'has42' \(did you mean 'has_42'",
+    ):
         load_rule("rules.py:has42", 1.0, str(tmp_path), "reward_model")
-    with pytest.raises(UsageError, match=r"rule of the 'judge' reward: reward rule file .*nope.py' does not exist"):
+    with pytest.raises(
+        UsageError, match=r"rule of the 'judge' reward: reward rule file .*nope.py' does not exist"
+    ):
         load_rule("nope.py:f", 1.0, str(tmp_path), "judge")

@@ -12,11 +12,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from rlcore.errors import UsageError  # noqa: E402
-from rlcore.interfaces import BuildContext, RewardInput, RewardResult  # noqa: E402
-
 from rlcore_reward_model.model import build  # noqa: E402
 from rlcore_reward_model.options import RewardModelOptions  # noqa: E402
+
+from rlcore.errors import UsageError  # noqa: E402
+from rlcore.interfaces import BuildContext, RewardInput, RewardResult  # noqa: E402
 
 
 def rm(path, **options):
@@ -25,8 +25,9 @@ def rm(path, **options):
 
 def policy_prompt(tokenizer, question):
     """The prompt as the trainer decodes it: the policy's chat template with its generation prompt."""
-    return tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                         add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +37,14 @@ def items(tiny_rm):
     tokenizer = AutoTokenizer.from_pretrained(tiny_rm)
     return [
         RewardInput(prompt=policy_prompt(tokenizer, "What is 2 + 3?"), response="5", group=0),
-        RewardInput(prompt=policy_prompt(tokenizer, "What is 2 + 3?"), response="It is six, I think; or seven.", group=0),
-        RewardInput(prompt=policy_prompt(tokenizer, "Name a colour."), response="A long answer. " * 12, group=1),
+        RewardInput(
+            prompt=policy_prompt(tokenizer, "What is 2 + 3?"),
+            response="It is six, I think; or seven.",
+            group=0,
+        ),
+        RewardInput(
+            prompt=policy_prompt(tokenizer, "Name a colour."), response="A long answer. " * 12, group=1
+        ),
     ]
 
 
@@ -64,8 +71,16 @@ def test_batched_scores_are_the_models_logits_of_the_rendered_conversation(tiny_
     # The RM reads the messages read back from the policy's prompt, and the response, in its own template.
     text = reward.render(items[0])
     assert text == reward.tokenizer.apply_chat_template(
-        [{"role": "system", "content": "You are a helpful AI assistant named SmolLM, trained by Hugging Face"},
-         {"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "5"}], tokenize=False)
+        [
+            {
+                "role": "system",
+                "content": "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
+            },
+            {"role": "user", "content": "What is 2 + 3?"},
+            {"role": "assistant", "content": "5"},
+        ],
+        tokenize=False,
+    )
     expected = reference_logits(tiny_rm, [reward.render(i) for i in items])
     assert [r.score for r in results] == pytest.approx(expected, abs=1e-4)
     assert len({round(r.score, 4) for r in results}) == 3  # the random head tells them apart
@@ -116,7 +131,11 @@ def test_a_causal_lm_is_refused_naming_the_path_and_what_it_holds(tiny_model):
     with pytest.raises(UsageError) as err:
         rm(tiny_model)
     message = str(err.value)
-    assert str(tiny_model) in message and "LlamaForCausalLM" in message and "not a sequence-classification" in message
+    assert (
+        str(tiny_model) in message
+        and "LlamaForCausalLM" in message
+        and "not a sequence-classification" in message
+    )
     assert "judge" in message
 
 
@@ -132,11 +151,14 @@ def test_a_head_without_saved_weights_is_refused(tiny_model, tmp_path):
         rm(tmp_path / "m")
 
 
-@pytest.mark.parametrize(("label", "match"), [
-    (1, r"has 1 output \(num_labels = 1\), so label must be 0"),
-    (-1, r"has 1 output"),
-    ("great", r"no output of that name; its outputs \(id2label\): 0: 'LABEL_0'"),
-])
+@pytest.mark.parametrize(
+    ("label", "match"),
+    [
+        (1, r"has 1 output \(num_labels = 1\), so label must be 0"),
+        (-1, r"has 1 output"),
+        ("great", r"no output of that name; its outputs \(id2label\): 0: 'LABEL_0'"),
+    ],
+)
 def test_a_label_the_model_lacks_is_refused(tiny_rm, label, match):
     with pytest.raises(UsageError, match=match) as err:
         rm(tiny_rm, label=label)
@@ -181,7 +203,9 @@ def test_sleep_frees_the_gpu_and_wake_up_brings_the_model_back(tiny_rm, items, o
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     expected = [r.score for r in rm(tiny_rm).score_batch(items)]
-    reward = build(RewardModelOptions(path=str(tiny_rm), offload=offload), BuildContext(device="cuda:0", dtype="float32"))
+    reward = build(
+        RewardModelOptions(path=str(tiny_rm), offload=offload), BuildContext(device="cuda:0", dtype="float32")
+    )
 
     def where():
         return None if reward.model is None else next(reward.model.parameters()).device.type
@@ -197,7 +221,9 @@ def test_sleep_frees_the_gpu_and_wake_up_brings_the_model_back(tiny_rm, items, o
     assert where() == "cuda"
     assert [r.score for r in reward.score_batch(items)] == pytest.approx(expected, abs=1e-3)
     reward.sleep()
-    assert [r.score for r in reward.score_batch(items)] == pytest.approx(expected, abs=1e-3)  # a call without wake_up
+    assert [r.score for r in reward.score_batch(items)] == pytest.approx(
+        expected, abs=1e-3
+    )  # a call without wake_up
     # bfloat16 on the GPU when the run computes in it
     half = build(RewardModelOptions(path=str(tiny_rm)), BuildContext(device="cuda:0", dtype="bfloat16"))
     assert next(half.model.parameters()).dtype == torch.bfloat16

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
-
-from rlcore.interfaces import RewardInput
 from rlcore_reward_rule.exact import ExactMatchReward
 from rlcore_reward_rule.format import FormatReward
 from rlcore_reward_rule.options import ExactMatchOptions, FormatOptions
 
+from rlcore.interfaces import RewardInput
+
 
 def exact(response, truth, **options) -> float:
-    return ExactMatchReward(ExactMatchOptions(**options))(RewardInput(response=response, ground_truth=truth)).score
+    return ExactMatchReward(ExactMatchOptions(**options))(
+        RewardInput(response=response, ground_truth=truth)
+    ).score
 
 
 @pytest.mark.parametrize(

@@ -4,10 +4,10 @@ b178a3cd), rlcore's numeric one, and many hand-written responses with their hand
 from __future__ import annotations
 
 import pytest
-
-from rlcore.interfaces import Prompt, RewardInput, RewardResult
 from rlcore_reward_rule.gsm8k import GSM8KReward, extract_answer
 from rlcore_reward_rule.options import GSM8KOptions
+
+from rlcore.interfaces import Prompt, RewardInput, RewardResult
 
 
 def score(response: str, truth, **options) -> float:
@@ -92,7 +92,12 @@ def test_numeric_extraction(response, expected):
     ("response", "truth", "method", "expected"),
     [
         ("... #### 72", "72", "strict", 1.0),
-        ("... #### 72", 72, "strict", 0.0),  # verl: "72" == 72 is false, a ground truth that is not text never matches
+        (
+            "... #### 72",
+            72,
+            "strict",
+            0.0,
+        ),  # verl: "72" == 72 is false, a ground truth that is not text never matches
         ("... #### 72", " 72", "strict", 0.0),  # verl does not strip the ground truth
         ("... #### 72.00", "72", "strict", 0.0),  # verl compares the text
         ("... #### 1,000", "1000", "strict", 1.0),
@@ -142,11 +147,16 @@ def test_format_score_goes_to_a_wrong_answer_that_was_found(response, method, ex
 
 
 def test_non_text_ground_truths_are_named_once_before_training(logged_warnings):
-    rows = [Prompt(token_ids=[1], messages=[], ground_truth=t, index=i) for i, t in enumerate(["5", 72, " 9", "4"])]
+    rows = [
+        Prompt(token_ids=[1], messages=[], ground_truth=t, index=i)
+        for i, t in enumerate(["5", 72, " 9", "4"])
+    ]
     GSM8KReward(GSM8KOptions(method="strict")).check_data(rows, "train.parquet")
     assert len(logged_warnings) == 1
     message = logged_warnings[0]
-    assert "'train.parquet'" in message and "2 row(s)" in message and "row 1" in message and "numeric" in message
+    assert (
+        "'train.parquet'" in message and "2 row(s)" in message and "row 1" in message and "numeric" in message
+    )
     logged_warnings.clear()
     GSM8KReward(GSM8KOptions(method="numeric")).check_data(rows, "train.parquet")  # compares numbers: fine
     GSM8KReward(GSM8KOptions(method="flexible")).check_data(rows[:1] + rows[3:], "train.parquet")
@@ -162,9 +172,18 @@ def test_format_and_correct_scores_follow_options():
 
 def test_metrics_report_answer_found_and_correct():
     fn = GSM8KReward(GSM8KOptions())
-    assert fn(RewardInput(response="#### 5", ground_truth="5")).metrics == {"answer_found": 1.0, "correct": 1.0}
-    assert fn(RewardInput(response="#### 4", ground_truth="5")).metrics == {"answer_found": 1.0, "correct": 0.0}
-    assert fn(RewardInput(response="nothing", ground_truth="5")).metrics == {"answer_found": 0.0, "correct": 0.0}
+    assert fn(RewardInput(response="#### 5", ground_truth="5")).metrics == {
+        "answer_found": 1.0,
+        "correct": 1.0,
+    }
+    assert fn(RewardInput(response="#### 4", ground_truth="5")).metrics == {
+        "answer_found": 1.0,
+        "correct": 0.0,
+    }
+    assert fn(RewardInput(response="nothing", ground_truth="5")).metrics == {
+        "answer_found": 0.0,
+        "correct": 0.0,
+    }
 
 
 def test_needs_a_ground_truth():

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-
-from rlcore.errors import RlcoreError
-from rlcore.interfaces import RewardInput
 from rlcore_reward_rule import math_answer
 from rlcore_reward_rule.math_answer import MathReward
 from rlcore_reward_rule.mathnorm import equivalent, last_boxed, normalise
 from rlcore_reward_rule.options import MathOptions
+
+from rlcore.errors import RlcoreError
+from rlcore.interfaces import RewardInput
 
 
 @pytest.mark.parametrize(
@@ -127,7 +127,9 @@ def test_format_score_and_metrics():
 def test_builtin_backend_never_uses_math_verify():
     assert _reward("builtin").math_verify is None
     # Symbolically equal, textually different: the builtin normaliser alone says no.
-    assert _reward("builtin")(RewardInput(response="\\boxed{\\sqrt{8}}", ground_truth="2\\sqrt{2}")).score == 0.0
+    assert (
+        _reward("builtin")(RewardInput(response="\\boxed{\\sqrt{8}}", ground_truth="2\\sqrt{2}")).score == 0.0
+    )
 
 
 def test_math_verify_backend_without_the_package_is_a_clear_error(monkeypatch):

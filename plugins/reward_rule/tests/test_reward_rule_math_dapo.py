@@ -4,10 +4,10 @@ b178a3cd): each case's score worked out by hand from that file's steps."""
 from __future__ import annotations
 
 import pytest
-
-from rlcore.interfaces import RewardInput
 from rlcore_reward_rule.math_dapo import MathDapoReward, extract_answer, normalise
 from rlcore_reward_rule.options import MathDapoOptions
+
+from rlcore.interfaces import RewardInput
 
 
 def judged(response: str, truth, **options) -> tuple[float, dict]:

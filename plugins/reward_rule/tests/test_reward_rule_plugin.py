@@ -8,17 +8,16 @@ import sys
 import textwrap
 
 import pytest
+import rlcore_reward_rule.plugin as plugin
 
+import rlcore
+from rlcore.components import Component
 from rlcore.errors import ManifestError
 from rlcore.interfaces import RewardInput
 from rlcore.manifest.loader import load_manifest
 from rlcore.registry import Registry
 from rlcore.reward_pool import RewardRunner
 from rlcore.testing.rewards import check_reward_function
-
-import rlcore
-import rlcore_reward_rule.plugin as plugin
-from rlcore.components import Component
 
 
 class _Stand_ins:
@@ -67,9 +66,15 @@ def G(response, truth):
 
 def test_gsm8k_conforms(registry):
     c = registry.get("reward_function", "gsm8k")
-    check_reward_function(c, cases=[(G("... #### 42", "42"), 1.0), (G("... #### 41", "42"), 0.0), (G("42", "42"), 0.0)])
-    check_reward_function(c, options={"method": "numeric"}, cases=[(G("so 42.", "42"), 1.0), (G("41", "42"), 0.0)])
-    check_reward_function(c, options={"method": "flexible"}, cases=[(G("so 42.", "42"), 0.0), (G("so 42", "42"), 1.0)])
+    check_reward_function(
+        c, cases=[(G("... #### 42", "42"), 1.0), (G("... #### 41", "42"), 0.0), (G("42", "42"), 0.0)]
+    )
+    check_reward_function(
+        c, options={"method": "numeric"}, cases=[(G("so 42.", "42"), 1.0), (G("41", "42"), 0.0)]
+    )
+    check_reward_function(
+        c, options={"method": "flexible"}, cases=[(G("so 42.", "42"), 0.0), (G("so 42", "42"), 1.0)]
+    )
 
 
 def test_math_conforms(registry):
@@ -81,7 +86,9 @@ def test_math_conforms(registry):
 
 def test_math_dapo_conforms(registry):
     c = registry.get("reward_function", "math_dapo")
-    check_reward_function(c, cases=[(G("Answer: 42", "42"), 1.0), (G("Answer: 41", "42"), -1.0), (G("42", "42"), -1.0)])
+    check_reward_function(
+        c, cases=[(G("Answer: 42", "42"), 1.0), (G("Answer: 41", "42"), -1.0), (G("42", "42"), -1.0)]
+    )
     check_reward_function(c, options={"strict_box_verify": True}, cases=[(G("\\boxed{42}", "42"), 1.0)])
 
 
@@ -126,7 +133,9 @@ def _manifest(tmp_path, function, extra=""):
 
 
 def test_manifest_options_reach_the_component(tmp_path, registry):
-    resolved = load_manifest(_manifest(tmp_path, "gsm8k", 'method = "flexible"\nformat_score = 0.1'), registry=registry)
+    resolved = load_manifest(
+        _manifest(tmp_path, "gsm8k", 'method = "flexible"\nformat_score = 0.1'), registry=registry
+    )
     selected = resolved.component("reward.function")
     assert selected.options.method == "flexible" and selected.options.format_score == 0.1
     fn = selected.component.build(selected.options)

@@ -4,10 +4,10 @@ b178a3cd) over this plugin's scorers, and the refusal of sources it has no score
 from __future__ import annotations
 
 import pytest
+from rlcore_reward_rule.verl_default import VerlDefaultReward, verl_route
 
 from rlcore.errors import RlcoreError
 from rlcore.interfaces import Prompt, RewardInput
-from rlcore_reward_rule.verl_default import VerlDefaultReward, verl_route
 
 
 @pytest.mark.parametrize(
@@ -62,17 +62,25 @@ def test_math_dapo_rows_report_acc():
 
 
 def rows(*sources):
-    return [Prompt(token_ids=[1], messages=[], data_source=s, ground_truth="1", index=i) for i, s in enumerate(sources)]
+    return [
+        Prompt(token_ids=[1], messages=[], data_source=s, ground_truth="1", index=i)
+        for i, s in enumerate(sources)
+    ]
 
 
 def test_scorable_data_passes_the_check():
-    VerlDefaultReward().check_data(rows("openai/gsm8k", "math", "aime2024", "lighteval/MATH"), "train.parquet")
+    VerlDefaultReward().check_data(
+        rows("openai/gsm8k", "math", "aime2024", "lighteval/MATH"), "train.parquet"
+    )
 
 
 @pytest.mark.parametrize(
     ("source", "phrases"),
     [
-        ("codecontests", ["verl.utils.reward_score.sandbox_fusion or prime_code", "which rlcore has no scorer for"]),
+        (
+            "codecontests",
+            ["verl.utils.reward_score.sandbox_fusion or prime_code", "which rlcore has no scorer for"],
+        ),
         ("numina_cn_k12", ["verl.utils.reward_score.prime_math"]),
         ("openai/gsm8K", ["not in verl's default scorer's table", "did you mean 'openai/gsm8k'?"]),
         ("my_source", ["not in verl's default scorer's table, where verl raises NotImplementedError"]),
@@ -83,8 +91,13 @@ def test_a_source_without_a_scorer_is_refused_naming_the_row_and_what_exists(sou
         VerlDefaultReward().check_data(rows("openai/gsm8k", "openai/gsm8k", source), "train.parquet")
     text = str(info.value)
     assert text.startswith("data 'train.parquet': row 2: ")
-    for phrase in [*phrases, 'openai/gsm8k (gsm8k, method "strict")', "aime* (math_dapo)", "HuggingFaceH4/MATH-500",
-                   f'[reward.routes."{source}"]']:
+    for phrase in [
+        *phrases,
+        'openai/gsm8k (gsm8k, method "strict")',
+        "aime* (math_dapo)",
+        "HuggingFaceH4/MATH-500",
+        f'[reward.routes."{source}"]',
+    ]:
         assert phrase in text, (phrase, text)
 
 

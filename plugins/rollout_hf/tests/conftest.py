@@ -39,7 +39,10 @@ def tokenizer(smol_dir, tmp_path_factory):
     kept beside pytest's per-run temporary directories and reused by later runs."""
     gguf = smol_dir / GGUF
     stat = gguf.stat()
-    cache = tmp_path_factory.getbasetemp().parent / f"rlcore-smollm2-tokenizer-{stat.st_size}-{int(stat.st_mtime)}"
+    cache = (
+        tmp_path_factory.getbasetemp().parent
+        / f"rlcore-smollm2-tokenizer-{stat.st_size}-{int(stat.st_mtime)}"
+    )
     if (cache / "tokenizer.json").exists():
         return transformers.AutoTokenizer.from_pretrained(cache)
     tok = transformers.AutoTokenizer.from_pretrained(smol_dir, gguf_file=GGUF)
@@ -97,12 +100,18 @@ def other_tiny(vocab_size):
 @pytest.fixture(scope="session")
 def chat_prompts(tokenizer) -> list[list[int]]:
     """Three real prompts of different lengths."""
-    texts = ["What is 2 + 3?", "Name a colour.", "Write one short sentence about the sea and the sky at night."]
+    texts = [
+        "What is 2 + 3?",
+        "Name a colour.",
+        "Write one short sentence about the sea and the sky at night.",
+    ]
     return [chat_prompt(tokenizer, t) for t in texts]
 
 
 def chat_prompt(tokenizer, text: str) -> list[int]:
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
     return tokenizer.encode(rendered, add_special_tokens=False)
 
 

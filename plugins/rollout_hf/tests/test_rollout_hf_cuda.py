@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from rlcore_rollout_hf.engine import build
+from rlcore_rollout_hf.options import HFEngineOptions
 
 from rlcore.interfaces import BuildContext, SamplingParams
 from rlcore.testing.engines import check_rollout_engine
-from rlcore_rollout_hf.engine import build
-from rlcore_rollout_hf.options import HFEngineOptions
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -18,9 +18,16 @@ VOCAB = 2048
 
 def tiny_llama(seed=0):
     torch.manual_seed(seed)
-    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                      tie_word_embeddings=False)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     return transformers.LlamaForCausalLM(config).eval()
 
 
@@ -32,15 +39,19 @@ def test_shared_cuda_actor_passes_the_kit_and_matches_generate():
     assert set(results.values()) - {"skipped: no tokenizer given"} == {"passed"}, results
     prompt = [5, 6, 7, 8]
     ids = torch.tensor([prompt], device="cuda")
-    want = actor.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=10, pad_token_id=0)
+    want = actor.generate(
+        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=10, pad_token_id=0
+    )
     got = engine.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=10))[0][0].token_ids
-    assert got == want[0, len(prompt):].tolist()[: len(got)]
+    assert got == want[0, len(prompt) :].tolist()[: len(got)]
 
 
 def test_own_copy_offloads_on_sleep_and_follows_update_weights(tmp_path):
     source = tiny_llama(0)
     source.save_pretrained(tmp_path / "m")
-    engine = build(HFEngineOptions(offload_weights=True), BuildContext(model_path=str(tmp_path / "m"), device="cuda"))
+    engine = build(
+        HFEngineOptions(offload_weights=True), BuildContext(model_path=str(tmp_path / "m"), device="cuda")
+    )
     params = SamplingParams(temperature=0.0, max_new_tokens=8)
     before = engine.generate([[1, 2, 3]], params)
     engine.sleep()
@@ -57,34 +68,55 @@ def test_own_copy_offloads_on_sleep_and_follows_update_weights(tmp_path):
 def test_bfloat16_engine_passes_the_kit_at_a_bfloat16_tolerance():
     actor = tiny_llama().cuda().to(torch.bfloat16)
     engine = build(HFEngineOptions(), BuildContext(actor=actor, device="cuda"))
-    results = check_rollout_engine(engine, vocab_size=VOCAB, reference_model=actor, logprob_atol=0.05, greedy_margin=0.05)
+    results = check_rollout_engine(
+        engine, vocab_size=VOCAB, reference_model=actor, logprob_atol=0.05, greedy_margin=0.05
+    )
     assert set(results.values()) - {"skipped: no tokenizer given"} == {"passed"}, results
 
 
 def test_cuda_graph_fast_path_equals_the_plain_path_under_refills_and_caps():
     actor = tiny_llama().cuda()
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, VOCAB, (int(n),), generator=g).tolist() for n in torch.randint(1, 60, (40,), generator=g)]
+    prompts = [
+        torch.randint(3, VOCAB, (int(n),), generator=g).tolist()
+        for n in torch.randint(1, 60, (40,), generator=g)
+    ]
     caps = torch.randint(1, 40, (40,), generator=g).tolist()
     params = SamplingParams(n=3, temperature=0.0, max_new_tokens=40, stop_token_ids=[7, 11])
     results = {}
-    for name, options in {"plain": dict(fast_path="off"), "graphs": dict(max_batch_size=32, sync_every=5)}.items():
+    for name, options in {
+        "plain": dict(fast_path="off"),
+        "graphs": dict(max_batch_size=32, sync_every=5),
+    }.items():
         engine = build(HFEngineOptions(**options), BuildContext(actor=actor, device="cuda"))
         assert (engine.fast is not None) == (name == "graphs")
-        results[name] = [(c.token_ids, c.finish_reason) for group in engine.generate(prompts, params, caps) for c in group]
+        results[name] = [
+            (c.token_ids, c.finish_reason) for group in engine.generate(prompts, params, caps) for c in group
+        ]
         if engine.fast is not None:
-            assert engine.fast.use_graphs and engine.fast.workspace.graphs  # graphs were captured and replayed
+            assert (
+                engine.fast.use_graphs and engine.fast.workspace.graphs
+            )  # graphs were captured and replayed
     assert results["graphs"] == results["plain"]
     sampled = SamplingParams(n=4, temperature=1.0, max_new_tokens=40, seed=5)
     engine = build(HFEngineOptions(max_batch_size=32), BuildContext(actor=actor, device="cuda"))
     first = engine.generate(prompts, sampled, caps)
-    assert [[c.token_ids for c in g] for g in first] == [[c.token_ids for c in g] for g in engine.generate(prompts, sampled, caps)]
+    assert [[c.token_ids for c in g] for g in first] == [
+        [c.token_ids for c in g] for g in engine.generate(prompts, sampled, caps)
+    ]
     assert [len(c.token_ids) for group in first for c in group] == [cap for cap in caps for _ in range(4)]
 
 
-@pytest.mark.parametrize("batch,kv_heads,groups,head_dim,capacity", [
-    (1, 2, 7, 64, 128), (3, 2, 6, 128, 384), (64, 4, 7, 128, 1536), (256, 2, 8, 128, 384), (300, 4, 7, 128, 200),
-])
+@pytest.mark.parametrize(
+    "batch,kv_heads,groups,head_dim,capacity",
+    [
+        (1, 2, 7, 64, 128),
+        (3, 2, 6, 128, 384),
+        (64, 4, 7, 128, 1536),
+        (256, 2, 8, 128, 384),
+        (300, 4, 7, 128, 200),
+    ],
+)
 def test_triton_decode_attention_matches_the_sdpa_reference(batch, kv_heads, groups, head_dim, capacity):
     from rlcore_rollout_hf.decode_attention import decode_attention, sdpa_decode_attention, splits_for, usable
 
@@ -136,13 +168,18 @@ def test_fast_path_with_the_triton_attention_equals_the_sdpa_one():
         pytest.skip("Triton is not installed")
     actor = tiny_llama().cuda()
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, VOCAB, (int(n),), generator=g).tolist() for n in torch.randint(1, 90, (40,), generator=g)]
+    prompts = [
+        torch.randint(3, VOCAB, (int(n),), generator=g).tolist()
+        for n in torch.randint(1, 90, (40,), generator=g)
+    ]
     caps = torch.randint(1, 60, (40,), generator=g).tolist()
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=60, stop_token_ids=[7])
     out = {}
     for kernel in ("triton", "sdpa"):
-        engine = build(HFEngineOptions(max_batch_size=32, sync_every=4, decode_attention=kernel, compile=True),
-                       BuildContext(actor=actor, device="cuda"))
+        engine = build(
+            HFEngineOptions(max_batch_size=32, sync_every=4, decode_attention=kernel, compile=True),
+            BuildContext(actor=actor, device="cuda"),
+        )
         assert engine.fast.decoder.attention == kernel
         out[kernel] = [c for group in engine.generate(prompts, params, caps) for c in group]
     assert [c.token_ids for c in out["triton"]] == [c.token_ids for c in out["sdpa"]]

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from rlcore.errors import RlcoreError, UsageError
-from rlcore.interfaces import SamplingParams
 from rlcore_rollout_hf.engine import HFRolloutEngine
 from rlcore_rollout_hf.options import HFEngineOptions
 
+from rlcore.errors import RlcoreError, UsageError
+from rlcore.interfaces import SamplingParams
 
 # Every test here runs on both paths: the plain one (the model's forward with a DynamicCache) and
 # the fast one (slot cache, continuous batching; CUDA graphs only on CUDA).
@@ -24,15 +23,22 @@ def fast_path(request, monkeypatch):
 
 
 def engine_for(model, tokenizer=None, **options):
-    return HFRolloutEngine(model, tokenizer=tokenizer, options=HFEngineOptions(**{**ENGINE_DEFAULTS, **options}))
+    return HFRolloutEngine(
+        model, tokenizer=tokenizer, options=HFEngineOptions(**{**ENGINE_DEFAULTS, **options})
+    )
 
 
 def hf_greedy(model, prompt, max_new_tokens):
     """transformers' own greedy continuation of one unpadded prompt."""
     ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
-                         pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def teacher_forced(model, prompt, response, temperature):
@@ -55,8 +61,12 @@ def test_greedy_equals_transformers_generate(tiny, tokenizer, chat_prompts):
         assert group[0].finish_reason == ("stop" if group[0].token_ids[-1] == 2 else "length")
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(0.0, -1, 1.0), (1.0, -1, 1.0), (0.7, 50, 0.9), (1.3, 5, 1.0)])
-def test_logprobs_equal_a_teacher_forced_forward_before_truncation(tiny, chat_prompts, temperature, top_k, top_p):
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p", [(0.0, -1, 1.0), (1.0, -1, 1.0), (0.7, 50, 0.9), (1.3, 5, 1.0)]
+)
+def test_logprobs_equal_a_teacher_forced_forward_before_truncation(
+    tiny, chat_prompts, temperature, top_k, top_p
+):
     engine = engine_for(tiny)
     params = SamplingParams(n=2, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=10, seed=3)
     for prompt, group in zip(chat_prompts, engine.generate(chat_prompts, params)):
@@ -76,9 +86,13 @@ def test_top_logprobs_are_the_teacher_forced_top_k(tiny, chat_prompts, temperatu
     for prompt, c, positions in zip(chat_prompts, completions, top):
         assert len(positions) == len(c.token_ids)
         with torch.no_grad():
-            logits = tiny(input_ids=torch.tensor([prompt + c.token_ids])).logits[0, len(prompt) - 1 : -1].float()
+            logits = (
+                tiny(input_ids=torch.tensor([prompt + c.token_ids])).logits[0, len(prompt) - 1 : -1].float()
+            )
         want = torch.topk(torch.log_softmax(logits / (temperature or 1.0), -1), 5, dim=-1)
-        for entries, values, ids, token, logprob in zip(positions, want.values, want.indices, c.token_ids, c.logprobs):
+        for entries, values, ids, token, logprob in zip(
+            positions, want.values, want.indices, c.token_ids, c.logprobs
+        ):
             assert [t for t, _ in entries] == ids.tolist()
             assert torch.allclose(torch.tensor([x for _, x in entries]), values, atol=1e-4)
             assert all(a >= b for (_, a), (_, b) in zip(entries, entries[1:]))
@@ -90,7 +104,9 @@ def test_top_logprobs_are_the_teacher_forced_top_k(tiny, chat_prompts, temperatu
 def test_truncation_restricts_the_sampled_tokens(tiny, chat_prompts):
     """With top_k=3 every sampled token is among the 3 most likely under the teacher-forced forward."""
     engine = engine_for(tiny)
-    out = engine.generate(chat_prompts, SamplingParams(n=4, temperature=1.0, top_k=3, max_new_tokens=6, seed=0))
+    out = engine.generate(
+        chat_prompts, SamplingParams(n=4, temperature=1.0, top_k=3, max_new_tokens=6, seed=0)
+    )
     for prompt, group in zip(chat_prompts, out):
         for c in group:
             with torch.no_grad():
@@ -101,8 +117,10 @@ def test_truncation_restricts_the_sampled_tokens(tiny, chat_prompts):
 
 def test_shared_prefill_equals_separate_prefill(tiny, chat_prompts):
     shared, separate = engine_for(tiny, share_prefill=True), engine_for(tiny, share_prefill=False)
-    for params in (SamplingParams(n=3, temperature=0.0, max_new_tokens=8),
-                   SamplingParams(n=3, temperature=1.0, max_new_tokens=8, seed=9)):
+    for params in (
+        SamplingParams(n=3, temperature=0.0, max_new_tokens=8),
+        SamplingParams(n=3, temperature=1.0, max_new_tokens=8, seed=9),
+    ):
         a, b = shared.generate(chat_prompts, params), separate.generate(chat_prompts, params)
         assert tokens(a) == tokens(b)
         for ga, gb in zip(a, b):
@@ -114,7 +132,9 @@ def test_top_k_one_equals_greedy(tiny, chat_prompts):
     engine = engine_for(tiny)
     greedy = engine.generate(chat_prompts, SamplingParams(temperature=0.0, max_new_tokens=8))
     for temperature in (0.5, 1.0):
-        top1 = engine.generate(chat_prompts, SamplingParams(n=2, temperature=temperature, top_k=1, max_new_tokens=8, seed=4))
+        top1 = engine.generate(
+            chat_prompts, SamplingParams(n=2, temperature=temperature, top_k=1, max_new_tokens=8, seed=4)
+        )
         assert [[g[0].token_ids] * 2 for g in greedy] == tokens(top1)
     same_t = engine.generate(chat_prompts, SamplingParams(temperature=1.0, top_k=1, max_new_tokens=8, seed=4))
     for a, b in zip(same_t, greedy):
@@ -166,7 +186,9 @@ def test_eos_from_the_tokenizer_and_the_generation_config(tiny, tokenizer, chat_
         hidden = tiny.model(input_ids=torch.tensor([prompt])).last_hidden_state[0, -1]
         tiny.lm_head.weight[tokenizer.eos_token_id] = 60 * hidden / hidden.square().sum()
     tiny.generation_config.eos_token_id = None
-    out = engine_for(tiny, tokenizer).generate([prompt], SamplingParams(n=3, temperature=1.0, max_new_tokens=5, seed=0))
+    out = engine_for(tiny, tokenizer).generate(
+        [prompt], SamplingParams(n=3, temperature=1.0, max_new_tokens=5, seed=0)
+    )
     assert [(c.token_ids, c.finish_reason) for c in out[0]] == [([tokenizer.eos_token_id], "stop")] * 3
     # Without the tokenizer the engine knows no EOS ...
     no_eos = engine_for(tiny).generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=5))[0][0]
@@ -174,7 +196,10 @@ def test_eos_from_the_tokenizer_and_the_generation_config(tiny, tokenizer, chat_
     # ... until the generation config names one.
     tiny.generation_config.eos_token_id = [no_eos.token_ids[2]]
     cut = engine_for(tiny).generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=5))[0][0]
-    assert cut.finish_reason == "stop" and cut.token_ids == no_eos.token_ids[: no_eos.token_ids.index(no_eos.token_ids[2]) + 1]
+    assert (
+        cut.finish_reason == "stop"
+        and cut.token_ids == no_eos.token_ids[: no_eos.token_ids.index(no_eos.token_ids[2]) + 1]
+    )
 
 
 def test_stop_strings_end_the_response_after_the_completing_token(tiny, tokenizer, chat_prompts):
@@ -182,16 +207,25 @@ def test_stop_strings_end_the_response_after_the_completing_token(tiny, tokenize
     ref = engine.generate(chat_prompts, SamplingParams(temperature=0.0, max_new_tokens=16))[2][0].token_ids
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     # A stop string spanning the end of token k-1 and the start of token k.
-    k = next(k for k in range(3, len(ref))
-             if decode(ref[k - 1 : k]).strip() and decode(ref[k : k + 1]).strip() and tokenizer.decode(ref[:k]) == decode(ref[:k]))
+    k = next(
+        k
+        for k in range(3, len(ref))
+        if decode(ref[k - 1 : k]).strip()
+        and decode(ref[k : k + 1]).strip()
+        and tokenizer.decode(ref[:k]) == decode(ref[:k])
+    )
     left, right = decode(ref[:k]), decode(ref[: k + 1])
-    stop = left[-2:] + right[len(left):][:2]
+    stop = left[-2:] + right[len(left) :][:2]
     assert stop not in left
-    out = engine.generate(chat_prompts, SamplingParams(n=2, temperature=0.0, max_new_tokens=16, stop=["\u2603never", stop]))
+    out = engine.generate(
+        chat_prompts, SamplingParams(n=2, temperature=0.0, max_new_tokens=16, stop=["\u2603never", stop])
+    )
     for c in out[2]:
         assert c.token_ids == ref[: k + 1] and c.finish_reason == "stop"
         assert decode(c.token_ids).find(stop) >= 0 and stop not in decode(c.token_ids[:-1])
-    unreachable = engine.generate(chat_prompts, SamplingParams(temperature=0.0, max_new_tokens=16, stop=["\u2603never"]))
+    unreachable = engine.generate(
+        chat_prompts, SamplingParams(temperature=0.0, max_new_tokens=16, stop=["\u2603never"])
+    )
     assert unreachable[2][0].token_ids == ref
 
 
@@ -209,7 +243,9 @@ def test_bad_input_gets_clear_errors(tiny, chat_prompts, vocab_size):
 
 
 def test_samples_end_where_the_model_runs_out_of_positions(tiny):
-    out = engine_for(tiny).generate([[3] * 250, [4] * 10], SamplingParams(n=2, temperature=1.0, max_new_tokens=9, seed=0))
+    out = engine_for(tiny).generate(
+        [[3] * 250, [4] * 10], SamplingParams(n=2, temperature=1.0, max_new_tokens=9, seed=0)
+    )
     assert [len(c.token_ids) for g in out for c in g] == [6, 6, 9, 9]
     assert {c.finish_reason for g in out for c in g} == {"length"}
 

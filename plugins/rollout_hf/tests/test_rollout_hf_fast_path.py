@@ -8,22 +8,35 @@ import shutil
 import pytest
 import torch
 import transformers
-
-from rlcore.errors import UsageError
-from rlcore.interfaces import SamplingParams
-from rlcore.testing.engines import check_rollout_engine
 from rlcore_rollout_hf.decoder import unsupported_reason
 from rlcore_rollout_hf.engine import HFRolloutEngine
 from rlcore_rollout_hf.options import HFEngineOptions
 from rlcore_rollout_hf.sampling import sample_with_uniform
 
+from rlcore.errors import UsageError
+from rlcore.interfaces import SamplingParams
+from rlcore.testing.engines import check_rollout_engine
+
 VOCAB = 512
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=128, bos_token_id=1, eos_token_id=2)
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 ARCHITECTURES = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {}),  # q/k/v biases
-    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 24}),  # q/k norms, wide heads
+    "qwen3": (
+        transformers.Qwen3Config,
+        transformers.Qwen3ForCausalLM,
+        {"head_dim": 24},
+    ),  # q/k norms, wide heads
     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, {"sliding_window": None}),
 }
 
@@ -36,7 +49,10 @@ def build(kind: str, seed: int = 0):
 
 def prompts(count: int = 5, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, VOCAB, (int(n),), generator=g).tolist() for n in torch.randint(1, 40, (count,), generator=g)]
+    return [
+        torch.randint(3, VOCAB, (int(n),), generator=g).tolist()
+        for n in torch.randint(1, 40, (count,), generator=g)
+    ]
 
 
 def run(model, items, params, caps=None, **options):
@@ -70,7 +86,9 @@ def test_greedy_tokens_and_logprobs_equal_the_plain_path(kind, options):
     plain = run(model, items, params, fast_path="off", **options)
     fast = run(model, items, params, fast_path="on", **options)
     assert flat(fast) == flat(plain)
-    assert any(reason == "stop" for _, reason in flat(fast)) and any(reason == "length" for _, reason in flat(fast))
+    assert any(reason == "stop" for _, reason in flat(fast)) and any(
+        reason == "length" for _, reason in flat(fast)
+    )
     assert largest_logprob_gap(fast, plain) < 1e-4
 
 
@@ -99,13 +117,19 @@ def test_sampling_is_reproducible_and_log_probs_match_a_teacher_forced_forward()
         for c in group:
             with torch.no_grad():
                 logits = model(input_ids=torch.tensor([prompt + c.token_ids])).logits[0, len(prompt) - 1 : -1]
-            want = torch.log_softmax(logits.float() / 0.8, -1).gather(-1, torch.tensor(c.token_ids)[:, None]).squeeze(-1)
+            want = (
+                torch.log_softmax(logits.float() / 0.8, -1)
+                .gather(-1, torch.tensor(c.token_ids)[:, None])
+                .squeeze(-1)
+            )
             assert torch.allclose(torch.tensor(c.logprobs), want, atol=1e-4)
 
 
 def test_lora_adapters_apply_on_the_fast_path():
     peft = pytest.importorskip("peft")
-    model = peft.get_peft_model(build("llama"), peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    model = peft.get_peft_model(
+        build("llama"), peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
+    )
     for name, tensor in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(tensor, std=0.5)  # adapters that change the output
@@ -144,7 +168,9 @@ def test_in_place_weight_updates_are_seen_and_sleep_frees_the_workspace():
 
 def test_unsupported_architectures_fall_back_or_are_refused():
     torch.manual_seed(0)
-    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2)).eval()
+    gpt2 = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2)
+    ).eval()
     assert "model_type 'gpt2'" in unsupported_reason(gpt2)
     with pytest.raises(UsageError, match="fast_path = \"on\" cannot run this model: model_type 'gpt2'"):
         HFRolloutEngine(gpt2, options=HFEngineOptions(fast_path="on"))
@@ -156,7 +182,9 @@ def test_unsupported_architectures_fall_back_or_are_refused():
 def test_the_fast_path_passes_the_engine_conformance_kit():
     model = build("qwen2")
     engine = HFRolloutEngine(model, options=HFEngineOptions(fast_path="on", max_batch_size=8))
-    assert not engine.fast.compiled and engine.fast.sample is sample_with_uniform  # compile = "auto": off on CPU
+    assert (
+        not engine.fast.compiled and engine.fast.sample is sample_with_uniform
+    )  # compile = "auto": off on CPU
     results = check_rollout_engine(engine, vocab_size=VOCAB, reference_model=model)
     assert set(results.values()) - {"skipped: no tokenizer given"} == {"passed"}, results
 
@@ -206,5 +234,7 @@ def test_fused_qkv_projections_follow_in_place_updates_and_skip_lora_layers(kind
             tensor.add_(torch.randn_like(tensor) * 0.2)
     assert flat(engine.generate(items, params)) == flat(run(model, items, params, fast_path="off")) != plain
     peft = pytest.importorskip("peft")
-    lora = peft.get_peft_model(build(kind), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    lora = peft.get_peft_model(
+        build(kind), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    )
     assert not any(FusedQKV.fusable(layer.self_attn) for layer in lora.get_base_model().model.layers)

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 from pydantic import ValidationError
+from rlcore_rollout_hf.options import HFEngineOptions
 
 from rlcore.registry import Registry
-from rlcore_rollout_hf.options import HFEngineOptions
 
 
 def test_the_entry_point_registers_hf():
@@ -28,8 +28,12 @@ def test_the_plugin_module_imports_no_torch():
 
 @pytest.mark.parametrize(
     "options, key",
-    [({"max_batch_size": 0}, "max_batch_size"), ({"compact_fraction": 1.5}, "compact_fraction"),
-     ({"dtype": "float8"}, "dtype"), ({"max_batchsize": 4}, "max_batchsize")],
+    [
+        ({"max_batch_size": 0}, "max_batch_size"),
+        ({"compact_fraction": 1.5}, "compact_fraction"),
+        ({"dtype": "float8"}, "dtype"),
+        ({"max_batchsize": 4}, "max_batchsize"),
+    ],
 )
 def test_bad_options_are_rejected_naming_the_key(options, key):
     with pytest.raises(ValidationError, match=key):

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from rlcore_rollout_hf.engine import build
+from rlcore_rollout_hf.options import HFEngineOptions
+from rlcore_rollout_hf.weights import canonical_name
 
 from rlcore.errors import UsageError
 from rlcore.interfaces import BuildContext, SamplingParams
 from rlcore.testing.engines import check_rollout_engine
-from rlcore_rollout_hf.engine import build
-from rlcore_rollout_hf.options import HFEngineOptions
-from rlcore_rollout_hf.weights import canonical_name
 
 peft = pytest.importorskip("peft")
 
@@ -26,16 +26,23 @@ def hf_greedy(model, prompts, max_new_tokens=8):
     outs = []
     for prompt in prompts:
         ids = torch.tensor([prompt])
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=max_new_tokens, pad_token_id=0)
-        outs.append(out[0, len(prompt):].tolist())
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=0,
+        )
+        outs.append(out[0, len(prompt) :].tolist())
     return outs
 
 
 def lora(model, seed=0):
     """A peft LoRA model whose adapters change the outputs (B initialised non-zero)."""
     torch.manual_seed(seed)
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
+    config = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False
+    )
     return peft.get_peft_model(model, config)
 
 
@@ -53,8 +60,9 @@ def test_shared_actor_is_used_without_a_copy(tiny, tokenizer, chat_prompts):
         yield
 
     engine.update_weights(never_consumed())
-    results = check_rollout_engine(engine, vocab_size=len(tokenizer), tokenizer=tokenizer, reference_model=tiny,
-                                   prompts=chat_prompts)
+    results = check_rollout_engine(
+        engine, vocab_size=len(tokenizer), tokenizer=tokenizer, reference_model=tiny, prompts=chat_prompts
+    )
     assert set(results.values()) == {"passed"}, results
 
 
@@ -71,8 +79,9 @@ def test_shared_peft_actor_with_gradient_checkpointing_then_trains(tiny, tokeniz
     adapted = greedy_tokens(engine, chat_prompts)
     assert adapted != base
     assert actor.training
-    results = check_rollout_engine(engine, vocab_size=len(tokenizer), tokenizer=tokenizer, reference_model=actor,
-                                   prompts=chat_prompts)
+    results = check_rollout_engine(
+        engine, vocab_size=len(tokenizer), tokenizer=tokenizer, reference_model=actor, prompts=chat_prompts
+    )
     assert set(results.values()) == {"passed"}, results
     # Generation left nothing behind that breaks a training step (e.g. inference tensors).
     ids = torch.tensor([chat_prompts[0] + adapted[0]])
@@ -81,7 +90,9 @@ def test_shared_peft_actor_with_gradient_checkpointing_then_trains(tiny, tokeniz
     assert any(p.grad is not None for n, p in actor.named_parameters() if "lora_" in n)
 
 
-def test_own_model_loaded_from_a_path_and_updated_from_another_model(tiny, other_tiny, tokenizer, chat_prompts, tmp_path):
+def test_own_model_loaded_from_a_path_and_updated_from_another_model(
+    tiny, other_tiny, tokenizer, chat_prompts, tmp_path
+):
     tiny.save_pretrained(tmp_path / "model")
     context = BuildContext(model_path=str(tmp_path / "model"), tokenizer=tokenizer, actor=None)
     engine = build(HFEngineOptions(), context)
@@ -89,8 +100,13 @@ def test_own_model_loaded_from_a_path_and_updated_from_another_model(tiny, other
     assert greedy_tokens(engine, chat_prompts) == hf_greedy(tiny, chat_prompts)
     engine.update_weights(other_tiny.state_dict().items())
     assert greedy_tokens(engine, chat_prompts) == hf_greedy(other_tiny, chat_prompts)
-    results = check_rollout_engine(engine, vocab_size=len(tokenizer), tokenizer=tokenizer, reference_model=other_tiny,
-                                   prompts=chat_prompts)
+    results = check_rollout_engine(
+        engine,
+        vocab_size=len(tokenizer),
+        tokenizer=tokenizer,
+        reference_model=other_tiny,
+        prompts=chat_prompts,
+    )
     assert set(results.values()) == {"passed"}, results
 
 
@@ -144,9 +160,15 @@ def test_dtype_override_and_load_errors(tiny, tmp_path):
     "name, want",
     [
         ("model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.weight"),
-        ("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight", "model.layers.0.self_attn.q_proj.weight"),
+        (
+            "base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight",
+            "model.layers.0.self_attn.q_proj.weight",
+        ),
         ("_orig_mod.module.lm_head.weight", "lm_head.weight"),
-        ("model.layers.1._checkpoint_wrapped_module.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"),
+        (
+            "model.layers.1._checkpoint_wrapped_module.mlp.down_proj.weight",
+            "model.layers.1.mlp.down_proj.weight",
+        ),
         ("base_model.model.lm_head.modules_to_save.default.weight", "lm_head.weight"),
         ("base_model.model.lm_head.original_module.weight", None),
     ],
@@ -162,7 +184,10 @@ def test_update_weights_with_lora_loads_the_adapter_alone(tiny, tokenizer, chat_
     from rlcore.trainer.lora import adapter_spec, adapter_state, takes_adapters
 
     tiny.save_pretrained(tmp_path / "model")
-    engine = build(HFEngineOptions(fast_path=fast_path), BuildContext(model_path=str(tmp_path / "model"), tokenizer=tokenizer))
+    engine = build(
+        HFEngineOptions(fast_path=fast_path),
+        BuildContext(model_path=str(tmp_path / "model"), tokenizer=tokenizer),
+    )
     base = {k: v.clone() for k, v in engine.model.state_dict().items()}
     trained = lora(copy.deepcopy(tiny), seed=3)
     assert takes_adapters(engine)
@@ -175,7 +200,11 @@ def test_update_weights_with_lora_loads_the_adapter_alone(tiny, tokenizer, chat_
         assert sent and all("lora_" in name for name, _ in sent)
         engine.update_weights(sent, lora=adapter_spec(trained))
         assert greedy_tokens(engine, chat_prompts) == hf_greedy(trained, chat_prompts)
-    kept = {canonical_name(k): v for k, v in engine.model.get_base_model().state_dict().items() if "lora_" not in k}
+    kept = {
+        canonical_name(k): v
+        for k, v in engine.model.get_base_model().state_dict().items()
+        if "lora_" not in k
+    }
     assert all(torch.equal(kept[k], v) for k, v in base.items())  # the base weights were not touched
     with pytest.raises(UsageError, match="only LoRA adapter tensors"):
         engine.update_weights([("model.norm.weight", torch.ones(4))], lora=adapter_spec(trained))

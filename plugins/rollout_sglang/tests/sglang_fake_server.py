@@ -34,9 +34,9 @@ from typing import Any
 import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from rlcore_rollout_sglang.names import names
 
 from rlcore.interfaces import Completion, SamplingParams
-from rlcore_rollout_sglang.names import names
 
 VOCAB = 97
 
@@ -48,7 +48,9 @@ class BigramLM(torch.nn.Module):
         super().__init__()
         self.table = torch.nn.Embedding(vocab, vocab)
         with torch.no_grad():
-            self.table.weight.copy_(torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(seed)) * 2.0)
+            self.table.weight.copy_(
+                torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(seed)) * 2.0
+            )
 
     def forward(self, input_ids: torch.Tensor, **_: Any) -> SimpleNamespace:
         return SimpleNamespace(logits=self.table(input_ids))
@@ -107,7 +109,9 @@ class BigramEngine:
             raise KeyError(f"no parameter named {unknown[0]!r} in the model")
         for name, tensor in loaded.items():
             if tuple(tensor.shape) != tuple(own[name].shape):
-                raise ValueError(f"{name}: shape {tuple(tensor.shape)} does not match {tuple(own[name].shape)}")
+                raise ValueError(
+                    f"{name}: shape {tuple(tensor.shape)} does not match {tuple(own[name].shape)}"
+                )
         with torch.no_grad():
             for name, tensor in loaded.items():
                 own[name].copy_(tensor)
@@ -126,7 +130,9 @@ def _error(message: str, status: int = 400) -> JSONResponse:
 class FakeSGLang:
     """The app plus what a test wants to look at or break."""
 
-    def __init__(self, engine: Any, *, delay_s: float = 0.0, reject_updates: bool = False, fail_generate: int = 0):
+    def __init__(
+        self, engine: Any, *, delay_s: float = 0.0, reject_updates: bool = False, fail_generate: int = 0
+    ):
         self.engine = engine
         self.delay_s = delay_s
         self.reject_updates = reject_updates
@@ -166,7 +172,7 @@ class FakeSGLang:
             single = bool(ids) and isinstance(ids[0], int)
             prompts = [ids] if single else ids
             lora = body.get("lora_path")
-            for name in ([lora] if isinstance(lora, str) else lora or []):
+            for name in [lora] if isinstance(lora, str) else lora or []:
                 if name is not None and name not in fake.loras:
                     return _error(f"LoRA adapter {name!r} is not loaded")
             params = SamplingParams(
@@ -191,18 +197,24 @@ class FakeSGLang:
             body = await request.json()
             fake.calls.append(("/update_weights_from_disk", body))
             if fake.reject_updates:
-                return fake._update_answer(False, "Failed to update weights: size mismatch for lm_head.weight (injected)")
+                return fake._update_answer(
+                    False, "Failed to update weights: size mismatch for lm_head.weight (injected)"
+                )
             if "weights" in fake.released:
                 return fake._update_answer(False, "Failed to update weights: the weights are released")
             files = sorted(glob.glob(os.path.join(body["model_path"], "*.safetensors")))
             if not files:
-                return fake._update_answer(False, f"Failed to get weights iterator: no safetensors in {body['model_path']}.")
+                return fake._update_answer(
+                    False, f"Failed to get weights iterator: no safetensors in {body['model_path']}."
+                )
             from safetensors.torch import load_file
 
             try:
                 fake.engine.update_weights([kv for f in files for kv in load_file(f).items()])
             except (KeyError, ValueError) as exc:
-                return fake._update_answer(False, f"Failed to update weights: {exc}.\nRolling back to original weights.")
+                return fake._update_answer(
+                    False, f"Failed to update weights: {exc}.\nRolling back to original weights."
+                )
             fake.weight_version = body.get("weight_version") or fake.weight_version
             return fake._update_answer(True, "Succeeded to update model weights.")
 
@@ -211,7 +223,14 @@ class FakeSGLang:
             body = await request.json()
             fake.calls.append(("/load_lora_adapter", body))
             if not os.path.exists(os.path.join(body["lora_path"], "adapter_config.json")):
-                return JSONResponse({"success": False, "error_message": f"no adapter at {body['lora_path']}", "loaded_adapters": fake.loras}, 400)
+                return JSONResponse(
+                    {
+                        "success": False,
+                        "error_message": f"no adapter at {body['lora_path']}",
+                        "loaded_adapters": fake.loras,
+                    },
+                    400,
+                )
             fake.loras[body["lora_name"]] = body["lora_path"]
             return JSONResponse({"success": True, "error_message": None, "loaded_adapters": fake.loras})
 
@@ -242,11 +261,17 @@ class FakeSGLang:
         return app
 
     def _update_answer(self, success: bool, message: str) -> JSONResponse:
-        return JSONResponse({"success": success, "message": message, "num_paused_requests": 0}, 200 if success else 400)
+        return JSONResponse(
+            {"success": success, "message": message, "num_paused_requests": 0}, 200 if success else 400
+        )
 
     def _answer(self, prompt: list[int], c: Completion, params: SamplingParams) -> dict[str, Any]:
         if c.finish_reason == "stop":
-            matched: Any = c.token_ids[-1] if c.token_ids and c.token_ids[-1] in params.stop_token_ids else (params.stop or [""])[0]
+            matched: Any = (
+                c.token_ids[-1]
+                if c.token_ids and c.token_ids[-1] in params.stop_token_ids
+                else (params.stop or [""])[0]
+            )
             finish = {"type": "stop", "matched": matched}
         else:
             finish = {"type": "length", "length": len(c.token_ids)}
@@ -282,7 +307,9 @@ class ThreadServer:
         self.fake = fake
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(fake.app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(fake.app, host="127.0.0.1", port=self.port, log_level="error")
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.time() + 20

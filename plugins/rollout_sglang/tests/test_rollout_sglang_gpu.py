@@ -39,9 +39,19 @@ def _model(path, seed):
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False,
-                      initializer_range=0.1, bos_token_id=1, eos_token_id=2)
+    cfg = Qwen2Config(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        initializer_range=0.1,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
     with torch.no_grad():
         model.lm_head.weight.mul_(4.0)  # clear argmax margins: greedy is stable across kernels
@@ -49,7 +59,9 @@ def _model(path, seed):
         model.save_pretrained(path, safe_serialization=True)
         tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(cfg.vocab_size)}, unk_token="t0"))
         tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-        PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2").save_pretrained(path)
+        PreTrainedTokenizerFast(
+            tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2"
+        ).save_pretrained(path)
     return model.cuda().eval()
 
 
@@ -57,7 +69,9 @@ def _exercise(engine, reference, other):
     """The kit with ``reference``; then ``other``'s weights, which greedy decoding must follow."""
     from rlcore.testing.engines import check_reference_greedy, check_rollout_engine, default_prompts, greedy
 
-    results = check_rollout_engine(engine, vocab_size=2048, reference_model=reference, logprob_atol=ATOL, greedy_margin=MARGIN)
+    results = check_rollout_engine(
+        engine, vocab_size=2048, reference_model=reference, logprob_atol=ATOL, greedy_margin=MARGIN
+    )
     assert all(r == "passed" or r.startswith("skipped: no tokenizer") for r in results.values()), results
     engine.sleep()
     engine.update_weights(list(other.state_dict().items()))
@@ -68,15 +82,23 @@ def _exercise(engine, reference, other):
 
 @skip
 def test_sglang_colocated_generate_sleep_wake_update(tmp_path):
-    from rlcore.interfaces import BuildContext
     from rlcore_rollout_sglang.engine import build
     from rlcore_rollout_sglang.options import SGLangOptions
 
+    from rlcore.interfaces import BuildContext
+
     reference = _model(tmp_path / "m", seed=0)
     other = _model(None, seed=1)
-    engine = build(SGLangOptions(mem_fraction_static=0.3, dtype="bfloat16", disable_cuda_graph=True, weight_bucket_mb=4,
-                                 engine_args={"enable_deterministic_inference": True}),  # honours sampling_seed
-                   BuildContext(model_path=str(tmp_path / "m"), dtype="bfloat16"))
+    engine = build(
+        SGLangOptions(
+            mem_fraction_static=0.3,
+            dtype="bfloat16",
+            disable_cuda_graph=True,
+            weight_bucket_mb=4,
+            engine_args={"enable_deterministic_inference": True},
+        ),  # honours sampling_seed
+        BuildContext(model_path=str(tmp_path / "m"), dtype="bfloat16"),
+    )
     try:
         _exercise(engine, reference, other)
     finally:
@@ -86,7 +108,6 @@ def test_sglang_colocated_generate_sleep_wake_update(tmp_path):
 @skip
 def test_sglang_server_generate_sleep_wake_update(tmp_path):
     import httpx
-
     from rlcore_rollout_sglang.engine import build
     from rlcore_rollout_sglang.options import SGLangOptions
 
@@ -95,9 +116,24 @@ def test_sglang_server_generate_sleep_wake_update(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tmp_path / "m"), "--host", "127.0.0.1",
-           "--port", str(port), "--dtype", "bfloat16", "--mem-fraction-static", "0.3", "--enable-memory-saver",
-           "--disable-cuda-graph", "--enable-deterministic-inference"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(tmp_path / "m"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "bfloat16",
+        "--mem-fraction-static",
+        "0.3",
+        "--enable-memory-saver",
+        "--disable-cuda-graph",
+        "--enable-deterministic-inference",
+    ]
     log = open(tmp_path / "server.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -112,7 +148,12 @@ def test_sglang_server_generate_sleep_wake_update(tmp_path):
             except httpx.HTTPError:
                 pass
             time.sleep(2)
-        engine = build(SGLangOptions(mode="server", servers=[url], weight_sync_dir=str(tmp_path / "sync"), server_sleep=True), None)
+        engine = build(
+            SGLangOptions(
+                mode="server", servers=[url], weight_sync_dir=str(tmp_path / "sync"), server_sleep=True
+            ),
+            None,
+        )
         _exercise(engine, reference, other)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -12,44 +12,92 @@ from types import SimpleNamespace
 import pytest
 import torch
 from pydantic import ValidationError
+from rlcore_rollout_sglang.colocated import SGLangColocatedEngine, import_sglang
+from rlcore_rollout_sglang.names import names
+from rlcore_rollout_sglang.options import SGLangOptions
+from rlcore_rollout_sglang.translate import (
+    GENERATE_FIELDS,
+    engine_kwargs,
+    generate_body,
+    group_outputs,
+    sampling_params,
+)
 
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import BuildContext, SamplingParams
 from rlcore.testing import require_plugins
-from rlcore_rollout_sglang.colocated import SGLangColocatedEngine, import_sglang
-from rlcore_rollout_sglang.names import names
-from rlcore_rollout_sglang.options import SGLangOptions
-from rlcore_rollout_sglang.translate import GENERATE_FIELDS, engine_kwargs, generate_body, group_outputs, sampling_params
 
 
 def test_name_lists_are_the_real_ones():
     server = names("server-args")
     assert len(server) > 400
-    assert {"tp_size", "mem_fraction_static", "disable_radix_cache", "enable_memory_saver", "skip_tokenizer_init"} <= server
+    assert {
+        "tp_size",
+        "mem_fraction_static",
+        "disable_radix_cache",
+        "enable_memory_saver",
+        "skip_tokenizer_init",
+    } <= server
     assert "gpu_memory_utilization" not in server and "tensor_parallel_size" not in server
     assert {"max_new_tokens", "sampling_seed", "stop_token_ids", "no_stop_trim"} <= names("sampling-params")
     assert "max_tokens" not in names("sampling-params")
 
 
 def test_every_produced_name_exists_in_sglang():
-    aliased = SGLangOptions(gpu_memory_utilization=0.3, tp_size=2, max_num_seqs=8, max_model_len=64, seed=5, enforce_eager=True)
-    assert (aliased.mem_fraction_static, aliased.tensor_parallel_size, aliased.max_running_requests, aliased.context_length,
-            aliased.random_seed, aliased.disable_cuda_graph) == (0.3, 2, 8, 64, 5, True)
+    aliased = SGLangOptions(
+        gpu_memory_utilization=0.3, tp_size=2, max_num_seqs=8, max_model_len=64, seed=5, enforce_eager=True
+    )
+    assert (
+        aliased.mem_fraction_static,
+        aliased.tensor_parallel_size,
+        aliased.max_running_requests,
+        aliased.context_length,
+        aliased.random_seed,
+        aliased.disable_cuda_graph,
+    ) == (0.3, 2, 8, 64, 5, True)
     opts = SGLangOptions(
-        gpu_memory_utilization=0.3, tp_size=2, max_running_requests=64, context_length=1024, enable_prefix_caching=False,
-        lora_rank=16, engine_args={"chunked_prefill_size": 4096},
+        gpu_memory_utilization=0.3,
+        tp_size=2,
+        max_running_requests=64,
+        context_length=1024,
+        enable_prefix_caching=False,
+        lora_rank=16,
+        engine_args={"chunked_prefill_size": 4096},
     )
     kwargs = engine_kwargs(opts, BuildContext(model_path="/m", dtype="bfloat16", seed=3))
     assert set(kwargs) <= names("server-args")
-    assert kwargs["mem_fraction_static"] == 0.3 and kwargs["tp_size"] == 2 and kwargs["disable_radix_cache"] is True
-    assert kwargs["random_seed"] == 3 and kwargs["dtype"] == "bfloat16" and kwargs["skip_tokenizer_init"] is True
-    assert kwargs["enable_memory_saver"] and kwargs["enable_weights_cpu_backup"] and kwargs["max_lora_rank"] == 16
-    assert "enable_weights_cpu_backup" not in engine_kwargs(SGLangOptions(sleep_level=2), BuildContext(model_path="/m"))
-    params = SamplingParams(n=2, temperature=0.7, top_k=0, stop=["\n"], stop_token_ids=[2], seed=1, max_new_tokens=9)
+    assert (
+        kwargs["mem_fraction_static"] == 0.3
+        and kwargs["tp_size"] == 2
+        and kwargs["disable_radix_cache"] is True
+    )
+    assert (
+        kwargs["random_seed"] == 3 and kwargs["dtype"] == "bfloat16" and kwargs["skip_tokenizer_init"] is True
+    )
+    assert (
+        kwargs["enable_memory_saver"]
+        and kwargs["enable_weights_cpu_backup"]
+        and kwargs["max_lora_rank"] == 16
+    )
+    assert "enable_weights_cpu_backup" not in engine_kwargs(
+        SGLangOptions(sleep_level=2), BuildContext(model_path="/m")
+    )
+    params = SamplingParams(
+        n=2, temperature=0.7, top_k=0, stop=["\n"], stop_token_ids=[2], seed=1, max_new_tokens=9
+    )
     sp = sampling_params(params)
     assert set(sp) <= names("sampling-params")
-    assert sp == {"n": 2, "temperature": 0.7, "top_p": 1.0, "top_k": -1, "max_new_tokens": 9, "stop_token_ids": [2],
-                  "stop": ["\n"], "no_stop_trim": True, "sampling_seed": 1}
+    assert sp == {
+        "n": 2,
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "top_k": -1,
+        "max_new_tokens": 9,
+        "stop_token_ids": [2],
+        "stop": ["\n"],
+        "no_stop_trim": True,
+        "sampling_seed": 1,
+    }
     body = generate_body([1, 2], params, "adapter")
     assert set(body) <= GENERATE_FIELDS and body["input_ids"] == [[1, 2]] and body["lora_path"] == ["adapter"]
     assert sampling_params(SamplingParams(n=4, temperature=0.0))["n"] == 1
@@ -96,9 +144,14 @@ def test_rlcore_validate_rejects_bad_sglang_options(tmp_path):
     manifest.write_text(
         '[model]\npath = "m"\n[data]\ntrain = "synthetic:addition"\n[reward]\nfunction = "exact_match"\n'
         '[trainer]\nsteps = 1\n[rollout]\nengine = "sglang"\nmem_fraction_statik = 0.3\n'
-        'engine_args = { disable_cuda_grahp = true }\n'
+        "engine_args = { disable_cuda_grahp = true }\n"
     )
-    proc = subprocess.run([sys.executable, "-m", "rlcore", "validate", str(manifest)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlcore", "validate", str(manifest)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
     assert "rollout.mem_fraction_statik" in out and "mem_fraction_static" in out
@@ -109,19 +162,37 @@ def test_rlcore_validate_rejects_bad_sglang_options(tmp_path):
 def test_rlcore_validate_accepts_the_vllm_names_and_checks_their_ranges(tmp_path):
     require_plugins("rlcore_reward_rule", "rlcore_algo_grpo")  # exact_match, grpo (the default estimator)
     manifest = tmp_path / "run.toml"
-    head = ('[model]\npath = "m"\n[data]\ntrain = "synthetic:addition"\n[reward]\nfunction = "exact_match"\n'
-            '[trainer]\nsteps = 1\n[rollout]\nengine = "sglang"\nsamples_per_prompt = 4\nenforce_eager = true\n')
+    head = (
+        '[model]\npath = "m"\n[data]\ntrain = "synthetic:addition"\n[reward]\nfunction = "exact_match"\n'
+        '[trainer]\nsteps = 1\n[rollout]\nengine = "sglang"\nsamples_per_prompt = 4\nenforce_eager = true\n'
+    )
     manifest.write_text(head + "gpu_memory_utilization = 0.3\n")
-    proc = subprocess.run([sys.executable, "-m", "rlcore", "validate", str(manifest)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlcore", "validate", str(manifest)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     manifest.write_text(head + "gpu_memory_utilization = 1.5\n")
-    proc = subprocess.run([sys.executable, "-m", "rlcore", "validate", str(manifest)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "run.toml:13: [rollout.gpu_memory_utilization] Input should be less than 1" in proc.stdout + proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlcore", "validate", str(manifest)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        proc.returncode != 0
+        and "run.toml:13: [rollout.gpu_memory_utilization] Input should be less than 1"
+        in proc.stdout + proc.stderr
+    )
 
 
 def test_plugin_module_imports_nothing_heavy():
     code = "import sys, rlcore_rollout_sglang.plugin; print('torch' in sys.modules, 'sglang' in sys.modules, 'httpx' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    ).stdout.strip()
     assert out == "False False False"
 
 
@@ -129,12 +200,21 @@ def test_plugin_module_imports_nothing_heavy():
 
 
 def _answer(ids, lps, finish):
-    return {"output_ids": ids, "meta_info": {"id": "x", "finish_reason": finish, "prompt_tokens": 1,
-                                              "output_token_logprobs": [(lp, t, None) for lp, t in zip(lps, ids)]}}
+    return {
+        "output_ids": ids,
+        "meta_info": {
+            "id": "x",
+            "finish_reason": finish,
+            "prompt_tokens": 1,
+            "output_token_logprobs": [(lp, t, None) for lp, t in zip(lps, ids)],
+        },
+    }
 
 
 def test_answers_are_grouped_prompt_major_and_checked():
-    flat = [_answer([p * 10 + j], [-0.1 * j], {"type": "length", "length": 1}) for p in range(2) for j in range(3)]
+    flat = [
+        _answer([p * 10 + j], [-0.1 * j], {"type": "length", "length": 1}) for p in range(2) for j in range(3)
+    ]
     groups = group_outputs(flat, 2, 3, "here")
     assert [[c.token_ids for c in g] for g in groups] == [[[0], [1], [2]], [[10], [11], [12]]]
     one = group_outputs(_answer([5, 6], [-1.0, -2.0], {"type": "stop", "matched": 6}), 1, 1, "here")[0][0]
@@ -162,7 +242,9 @@ class FakeEngine:
         self.reject_weights = False
 
     def generate(self, *, input_ids, sampling_params, return_logprob, lora_path=None):
-        self.calls.append(("generate", dict(input_ids=input_ids, sampling_params=sampling_params, lora_path=lora_path)))
+        self.calls.append(
+            ("generate", dict(input_ids=input_ids, sampling_params=sampling_params, lora_path=lora_path))
+        )
         assert return_logprob is True and set(sampling_params) <= names("sampling-params")
         out = []
         for prompt in input_ids:
@@ -179,7 +261,9 @@ class FakeEngine:
 
     def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
         self.calls.append(("update", {"names": [n for n, _ in named_tensors], "flush_cache": flush_cache}))
-        return (False, "size mismatch") if self.reject_weights else (True, "Succeeded to update model weights.")
+        return (
+            (False, "size mismatch") if self.reject_weights else (True, "Succeeded to update model weights.")
+        )
 
     def load_lora_adapter(self, lora_name, lora_path, pinned=False):
         self.calls.append(("load_lora", {"lora_name": lora_name, "lora_path": lora_path}))
@@ -207,7 +291,9 @@ def _colocated(**kw):
         engines.append(FakeEngine(**kwargs))
         return engines[-1]
 
-    engine = SGLangColocatedEngine(SGLangOptions(**kw), BuildContext(model_path="/m", tokenizer=CharTokenizer()), engine_factory=factory)
+    engine = SGLangColocatedEngine(
+        SGLangOptions(**kw), BuildContext(model_path="/m", tokenizer=CharTokenizer()), engine_factory=factory
+    )
     return engine, engines[0]
 
 
@@ -236,13 +322,20 @@ def test_colocated_sleep_update_wake_sequence_and_buckets():
     engine.sleep()
     with pytest.raises(RlcoreError, match="asleep"):
         engine.generate([[1]], SamplingParams())
-    tensors = [("a.weight", torch.zeros(600, 512)), ("b.weight", torch.zeros(8, 8)), ("c.bias", torch.zeros(4))]
+    tensors = [
+        ("a.weight", torch.zeros(600, 512)),
+        ("b.weight", torch.zeros(8, 8)),
+        ("c.bias", torch.zeros(4)),
+    ]
     engine.update_weights(tensors)
     engine.wake_up()
-    assert [(n, c) for n, c in fake.calls] == [("release", {"tags": None}), ("resume", {"tags": ["weights"]}),
-                                               ("update", {"names": ["a.weight"], "flush_cache": False}),
-                                               ("update", {"names": ["b.weight", "c.bias"], "flush_cache": True}),
-                                               ("resume", {"tags": ["kv_cache", "cuda_graph"]})]
+    assert [(n, c) for n, c in fake.calls] == [
+        ("release", {"tags": None}),
+        ("resume", {"tags": ["weights"]}),
+        ("update", {"names": ["a.weight"], "flush_cache": False}),
+        ("update", {"names": ["b.weight", "c.bias"], "flush_cache": True}),
+        ("resume", {"tags": ["kv_cache", "cuda_graph"]}),
+    ]
     engine.sleep()
     engine.wake_up()
     assert fake.calls[-1] == ("resume", {"tags": None})
@@ -258,7 +351,11 @@ def test_colocated_lora_load_then_switch():
     adapter = [("base_model.model.layers.0.q_proj.lora_A.weight", torch.zeros(4, 8))]
     engine.update_weights(adapter, lora={"rank": 4, "alpha": 8})
     engine.update_weights(adapter, lora={"rank": 4, "alpha": 8})
-    assert [c[1]["lora_name"] for c in fake.calls if c[0] in ("load_lora", "unload_lora")] == ["rlcore-lora-v1", "rlcore-lora-v2", "rlcore-lora-v1"]
+    assert [c[1]["lora_name"] for c in fake.calls if c[0] in ("load_lora", "unload_lora")] == [
+        "rlcore-lora-v1",
+        "rlcore-lora-v2",
+        "rlcore-lora-v1",
+    ]
     engine.generate([[1], [2]], SamplingParams(max_new_tokens=1))
     assert fake.calls[-1][1]["lora_path"] == ["rlcore-lora-v2", "rlcore-lora-v2"]
     with pytest.raises(UsageError, match="above rollout.lora_rank"):

@@ -17,15 +17,15 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sglang_fake_server import VOCAB, BigramEngine, BigramLM, FakeSGLang, ThreadServer, free_port  # noqa: E402
-
-from rlcore.errors import RlcoreError  # noqa: E402
-from rlcore.interfaces import SamplingParams  # noqa: E402
-from rlcore.testing.engines import check_rollout_engine  # noqa: E402
 from rlcore_rollout_sglang.engine import build  # noqa: E402
 from rlcore_rollout_sglang.names import names  # noqa: E402
 from rlcore_rollout_sglang.options import SGLangOptions  # noqa: E402
+from sglang_fake_server import VOCAB, BigramEngine, BigramLM, FakeSGLang, ThreadServer, free_port  # noqa: E402
+
 from rlcore.engine_kit.remote import RejectedError  # noqa: E402
+from rlcore.errors import RlcoreError  # noqa: E402
+from rlcore.interfaces import SamplingParams  # noqa: E402
+from rlcore.testing.engines import check_rollout_engine  # noqa: E402
 
 
 def _serve(**kw) -> ThreadServer:
@@ -71,7 +71,9 @@ def test_generate_sends_sglang_requests_and_parses_answers_in_prompt_order(serve
     greedy = engine.generate([[5]], SamplingParams(n=4, temperature=0.0, max_new_tokens=4))[0]
     assert len(greedy) == 4 and len({tuple(c.token_ids) for c in greedy}) == 1
     assert server.fake.calls[-1][1]["sampling_params"]["n"] == 1  # one greedy sample, copied
-    assert engine.generate([[1]], SamplingParams(top_k=-1, max_new_tokens=1))[0][0].token_ids  # top_k -1 accepted
+    assert engine.generate([[1]], SamplingParams(top_k=-1, max_new_tokens=1))[0][
+        0
+    ].token_ids  # top_k -1 accepted
 
 
 def test_conformance_kit_passes_with_the_reference_model(server, tmp_path):
@@ -110,7 +112,9 @@ def test_server_killed_mid_rollout_loses_no_sample(server, tmp_path):
     port = free_port()
     script = Path(__file__).parent / "sglang_fake_server.py"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen([sys.executable, str(script), str(port), "--delay", "0.4"], env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(port), "--delay", "0.4"], env=env, start_new_session=True
+    )
     victim = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 60
@@ -125,7 +129,9 @@ def test_server_killed_mid_rollout_loses_no_sample(server, tmp_path):
         engine = _engine(victim, server.url, max_concurrency=8)
         prompts = [[i + 1, i + 2] for i in range(12)]
         params = SamplingParams(n=3, temperature=1.0, max_new_tokens=6, seed=11)
-        killer = threading.Timer(0.2, lambda: os.killpg(proc.pid, signal.SIGKILL))  # requests are in flight there
+        killer = threading.Timer(
+            0.2, lambda: os.killpg(proc.pid, signal.SIGKILL)
+        )  # requests are in flight there
         killer.start()
         out = engine.generate(prompts, params)
         killer.join()
@@ -170,11 +176,15 @@ def test_full_weight_update_through_disk_changes_generation(server, tmp_path):
     engine.update_weights(state.items())
     body = [b for p, b in server.fake.calls if p == "/update_weights_from_disk"][0]
     index = json.loads((Path(body["model_path"]) / "model.safetensors.index.json").read_text())
-    assert index["weight_map"] == {"table.weight": "model-00001.safetensors"} and body["weight_version"] == "1"
+    assert (
+        index["weight_map"] == {"table.weight": "model-00001.safetensors"} and body["weight_version"] == "1"
+    )
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
     assert _tokens(engine.generate([[3], [7]], params)) == _tokens(_expected([[3], [7]], params, new))
     engine.update_weights(state.items())
-    assert sorted(p.name for p in (tmp_path / "sync").iterdir()) == ["weights-v2"]  # the old version is removed
+    assert sorted(p.name for p in (tmp_path / "sync").iterdir()) == [
+        "weights-v2"
+    ]  # the old version is removed
     # Buckets: two 1.2 MB tensors with 1 MB buckets give two shards.
     big = {"a.weight": torch.zeros(600, 512), "b.weight": torch.zeros(600, 512)}
     from rlcore.engine_kit.weights import write_shards

@@ -22,7 +22,14 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=60)
 
 
-def wheel(folder: Path, name: str, version: str, size: int, requires: tuple[str, ...] = (), tag: str = "py3-none-any"):
+def wheel(
+    folder: Path,
+    name: str,
+    version: str,
+    size: int,
+    requires: tuple[str, ...] = (),
+    tag: str = "py3-none-any",
+):
     """A wheel file of about `size` bytes whose METADATA lists `requires`."""
     path = folder / f"{name}-{version}-{tag}.whl"
     meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
@@ -36,11 +43,13 @@ def wheel(folder: Path, name: str, version: str, size: int, requires: tuple[str,
 def test_help_and_bad_arguments():
     ok = run("--help")
     assert ok.returncode == 0 and "--sglang VERSION" in ok.stdout and "--from DIR" in ok.stdout
-    for args, message in [(["--top", "x"], "--top expects a positive integer, got 'x'"),
-                          (["--bogus"], "unknown argument '--bogus'"),
-                          (["--sglang"], "--sglang needs a value"),
-                          (["--has", "/nonexistent/has.txt"], "'/nonexistent/has.txt' does not exist"),
-                          (["--from", "/nonexistent/dir"], "--from folder '/nonexistent/dir' does not exist")]:
+    for args, message in [
+        (["--top", "x"], "--top expects a positive integer, got 'x'"),
+        (["--bogus"], "unknown argument '--bogus'"),
+        (["--sglang"], "--sglang needs a value"),
+        (["--has", "/nonexistent/has.txt"], "'/nonexistent/has.txt' does not exist"),
+        (["--from", "/nonexistent/dir"], "--from folder '/nonexistent/dir' does not exist"),
+    ]:
         bad = run(*args)
         assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr
 
@@ -48,13 +57,37 @@ def test_help_and_bad_arguments():
 def test_sums_subtraction_and_transfers(tmp_path):
     wheels = tmp_path / "w"
     wheels.mkdir()
-    wheel(wheels, "sglang", "0.5.23", 10 * MIB, ("torch==2.14.1", "numpy"), "cp312-cp312-manylinux_2_34_x86_64")
-    wheel(wheels, "torch", "2.14.1", 100 * MIB,
-          ("nvidia-cudnn-cu13==9.24.0.43; platform_system == 'Linux'", "cuda-toolkit[cublas]==13.0.3",
-           "sympy>=1.13", "pyyaml; extra == 'pyyaml'"), "cp312-cp312-manylinux_2_28_x86_64")
-    wheel(wheels, "nvidia_cudnn_cu13", "9.24.0.43", 50 * MIB, ("nvidia-cublas",), "py3-none-manylinux_2_27_x86_64")
-    wheel(wheels, "cuda_toolkit", "13.0.3.0", 1,
-          ("nvidia-cublas==13.1.1.3.*; extra == 'cublas'", "nvidia-npp; extra == 'npp'"))
+    wheel(
+        wheels, "sglang", "0.5.23", 10 * MIB, ("torch==2.14.1", "numpy"), "cp312-cp312-manylinux_2_34_x86_64"
+    )
+    wheel(
+        wheels,
+        "torch",
+        "2.14.1",
+        100 * MIB,
+        (
+            "nvidia-cudnn-cu13==9.24.0.43; platform_system == 'Linux'",
+            "cuda-toolkit[cublas]==13.0.3",
+            "sympy>=1.13",
+            "pyyaml; extra == 'pyyaml'",
+        ),
+        "cp312-cp312-manylinux_2_28_x86_64",
+    )
+    wheel(
+        wheels,
+        "nvidia_cudnn_cu13",
+        "9.24.0.43",
+        50 * MIB,
+        ("nvidia-cublas",),
+        "py3-none-manylinux_2_27_x86_64",
+    )
+    wheel(
+        wheels,
+        "cuda_toolkit",
+        "13.0.3.0",
+        1,
+        ("nvidia-cublas==13.1.1.3.*; extra == 'cublas'", "nvidia-npp; extra == 'npp'"),
+    )
     wheel(wheels, "nvidia_cublas", "13.1.1.3", 40 * MIB, (), "py3-none-manylinux_2_27_x86_64")
     wheel(wheels, "nvidia_cutlass_dsl_libs_cu12", "4.8.0", 5 * MIB)
     wheel(wheels, "numpy", "2.3.5", 8 * MIB, (), "cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64")
@@ -64,10 +97,15 @@ def test_sums_subtraction_and_transfers(tmp_path):
     assume = tmp_path / "assume.txt"
     assume.write_text("nvidia-cublas==13.1.1.3\n")
 
-    out = run("--from", str(wheels), "--has", str(has), "--assume", str(assume), "--chunk-mib", "61", "--top", "3")
+    out = run(
+        "--from", str(wheels), "--has", str(has), "--assume", str(assume), "--chunk-mib", "61", "--top", "3"
+    )
     assert out.returncode == 0, out.stderr
-    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:]
-            for line in out.stdout.splitlines() if line.startswith("| ")}
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:]
+        for line in out.stdout.splitlines()
+        if line.startswith("| ")
+    }
     total = lambda mib: pytest.approx(mib * MIB, rel=0.01)
 
     def size(label):
@@ -90,10 +128,17 @@ def test_sums_subtraction_and_transfers(tmp_path):
     assert "Subtracted (same name and version): sympy." in out.stdout
     assert "numpy 2.3.5 (machine: ?)*" in out.stdout
     assert "torch 2.14.1 (machine: 2.11.0)." in out.stdout
-    assert "Named for CUDA 12 (the machine's torch and driver are CUDA 13): nvidia-cutlass-dsl-libs-cu12." in out.stdout
+    assert (
+        "Named for CUDA 12 (the machine's torch and driver are CUDA 13): nvidia-cutlass-dsl-libs-cu12."
+        in out.stdout
+    )
     assert "Newest glibc a wheel to carry needs: 2.34 (sglang)." in out.stdout
     table = out.stdout.split("largest wheels to carry:")[1].splitlines()
-    largest = [line.split(" | ")[0].lstrip("| ") for line in table if line.startswith("| ") and not line.startswith("| wheel")]
+    largest = [
+        line.split(" | ")[0].lstrip("| ")
+        for line in table
+        if line.startswith("| ") and not line.startswith("| wheel")
+    ]
     assert largest == ["torch", "nvidia-cudnn-cu13", "nvidia-cublas"]
 
 

@@ -82,11 +82,16 @@ def log(*a) -> None:
 def guarded(fn):
     """A comparison that raises is recorded as a failed check, and the run goes on."""
 
-    def wrapper(res: "Results", name: str, *args, **kwargs) -> bool:
+    def wrapper(res: Results, name: str, *args, **kwargs) -> bool:
         try:
             return fn(res, name, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001
-            return res.check(name, False, error=f"{type(exc).__name__}: {exc}"[:800], traceback=traceback.format_exc()[-1500:])
+            return res.check(
+                name,
+                False,
+                error=f"{type(exc).__name__}: {exc}"[:800],
+                traceback=traceback.format_exc()[-1500:],
+            )
 
     wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
     return wrapper
@@ -108,14 +113,28 @@ def token_match(got: list[list[int]], ref: list[list[int]]) -> dict:
             if a != b:
                 break
             prefix += 1
-    return {"seq_match": sum(g == r for g, r in zip(got, ref)) / len(ref), "token_match": same / total, "prefix_match": prefix / total}
+    return {
+        "seq_match": sum(g == r for g, r in zip(got, ref)) / len(ref),
+        "token_match": same / total,
+        "prefix_match": prefix / total,
+    }
 
 
 def diff_stats(a: list[float], b: list[float]) -> dict:
     d = sorted(abs(x - y) for x, y in zip(a, b))
     if not d:
-        return {"n": 0, "mean_abs_diff": float("nan"), "median_abs_diff": float("nan"), "max_abs_diff": float("nan")}
-    return {"n": len(d), "mean_abs_diff": sum(d) / len(d), "median_abs_diff": d[len(d) // 2], "max_abs_diff": d[-1]}
+        return {
+            "n": 0,
+            "mean_abs_diff": float("nan"),
+            "median_abs_diff": float("nan"),
+            "max_abs_diff": float("nan"),
+        }
+    return {
+        "n": len(d),
+        "mean_abs_diff": sum(d) / len(d),
+        "median_abs_diff": d[len(d) // 2],
+        "max_abs_diff": d[-1],
+    }
 
 
 def expected_param(vllm_name: str, hf: dict):
@@ -200,9 +219,14 @@ def fuse_like_vllm(hf: dict, lora_wrapped: bool = False) -> dict:
         if parts[-2] != FUSED[fused][0]:
             continue
         stem = ".".join(parts[:-2])
-        out[f"{stem}.{fused}.{parts[-1]}"] = torch.cat([hf[f"{stem}.{s}.{parts[-1]}"] for s in FUSED[fused]], 0)
+        out[f"{stem}.{fused}.{parts[-1]}"] = torch.cat(
+            [hf[f"{stem}.{s}.{parts[-1]}"] for s in FUSED[fused]], 0
+        )
     if lora_wrapped:
-        out = {(n.rsplit(".", 1)[0] + ".base_layer." + n.rsplit(".", 1)[1]) if "_proj." in n else n: t for n, t in out.items()}
+        out = {
+            (n.rsplit(".", 1)[0] + ".base_layer." + n.rsplit(".", 1)[1]) if "_proj." in n else n: t
+            for n, t in out.items()
+        }
     return out
 
 
@@ -226,11 +250,15 @@ class Refs:
         self.manifest = manifest
         self.lora = manifest["lora"]
         self.state = {m: load_file(str(models / m / "model.safetensors")) for m in ("A", "B")}
-        self.adapters = {m: load_file(str(models / m / "adapter_model.safetensors")) for m in ("lora1", "lora2")}
+        self.adapters = {
+            m: load_file(str(models / m / "adapter_model.safetensors")) for m in ("lora1", "lora2")
+        }
         self.model: dict = {}
         for dtype, tag in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
             for m in ("A", "B"):
-                self.model[m, tag] = Qwen2ForCausalLM.from_pretrained(str(models / m), dtype=dtype).to(device).eval()
+                self.model[m, tag] = (
+                    Qwen2ForCausalLM.from_pretrained(str(models / m), dtype=dtype).to(device).eval()
+                )
             for m in ("lora1", "lora2"):
                 base = Qwen2ForCausalLM.from_pretrained(str(models / "A"), dtype=dtype).to(device)
                 self.model[m, tag] = PeftModel.from_pretrained(base, str(models / m)).to(device).eval()
@@ -244,9 +272,16 @@ class Refs:
             with torch.no_grad():
                 for p in self.prompts:
                     ids = torch.tensor([p], device=self.device)
-                    g = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=self.new_tokens,
-                                       min_new_tokens=self.new_tokens, eos_token_id=None, pad_token_id=0)
-                    out.append(g[0, len(p):].tolist())
+                    g = model.generate(
+                        input_ids=ids,
+                        attention_mask=torch.ones_like(ids),
+                        do_sample=False,
+                        max_new_tokens=self.new_tokens,
+                        min_new_tokens=self.new_tokens,
+                        eos_token_id=None,
+                        pad_token_id=0,
+                    )
+                    out.append(g[0, len(p) :].tolist())
             self._greedy[m, tag] = out
         return self._greedy[m, tag]
 
@@ -271,7 +306,9 @@ class Refs:
     def lora_spec(self):
         from rlcore_rollout_vllm.weights import LoraSpec
 
-        return LoraSpec(rank=self.lora["rank"], alpha=self.lora["alpha"], target_modules=self.lora["target_modules"])
+        return LoraSpec(
+            rank=self.lora["rank"], alpha=self.lora["alpha"], target_modules=self.lora["target_modules"]
+        )
 
 
 def greedy_params(new: int):
@@ -285,7 +322,9 @@ def tokens(results) -> list[list[int]]:
 
 
 @guarded
-def compare_greedy(res: Results, name: str, got, refs: Refs, target: str, old: str | None = None, old_tokens=None) -> bool:
+def compare_greedy(
+    res: Results, name: str, got, refs: Refs, target: str, old: str | None = None, old_tokens=None
+) -> bool:
     """``got`` against transformers' greedy output of ``target`` (bf16; fp32 reported), and, with
     ``old``/``old_tokens``, different from what the previous weights produced."""
     m = token_match(got, refs.greedy(target))
@@ -322,8 +361,16 @@ def conformance(res: Results, label: str, engine, model, prompts) -> None:
         res.data["errors"]["conformance"] = f"kit not importable: {exc}"
         return
     try:
-        out = check_rollout_engine(engine, vocab_size=mcm.VOCAB, prompts=[list(p) for p in prompts[:4]], reference_model=model,
-                                   logprob_atol=0.5, greedy_margin=0.5, max_new_tokens=8, expect_diverse=False)
+        out = check_rollout_engine(
+            engine,
+            vocab_size=mcm.VOCAB,
+            prompts=[list(p) for p in prompts[:4]],
+            reference_model=model,
+            logprob_atol=0.5,
+            greedy_margin=0.5,
+            max_new_tokens=8,
+            expect_diverse=False,
+        )
         res.check(f"{label}_conformance_kit", True, results=out)
     except Exception as exc:  # noqa: BLE001
         res.check(f"{label}_conformance_kit", False, error=f"{type(exc).__name__}: {exc}"[:600])
@@ -334,7 +381,9 @@ def conformance(res: Results, label: str, engine, model, prompts) -> None:
 
 def read_back(engine) -> dict:
     """vLLM's parameters, copied to CPU, through the public ``LLM.apply_model`` (in-process)."""
-    found = engine.llm.apply_model(lambda model: {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()})
+    found = engine.llm.apply_model(
+        lambda model: {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
+    )
     return found[0]
 
 
@@ -344,8 +393,12 @@ def vllm_teacher_forced(engine, prompts, responses, lora_request=None) -> tuple[
     from vllm import SamplingParams
 
     inputs = [{"prompt_token_ids": list(p) + list(r)} for p, r in zip(prompts, responses)]
-    outs = engine.llm.generate(inputs, SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0), use_tqdm=False,
-                               lora_request=lora_request)
+    outs = engine.llm.generate(
+        inputs,
+        SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0),
+        use_tqdm=False,
+        lora_request=lora_request,
+    )
     lps, top = [], []
     for out, p, r in zip(outs, prompts, responses):
         for pos, tok in enumerate(r):
@@ -356,13 +409,17 @@ def vllm_teacher_forced(engine, prompts, responses, lora_request=None) -> tuple[
 
 
 @guarded
-def compare_teacher_forced(res: Results, name: str, engine, refs: Refs, target: str, lora_request=None) -> bool:
+def compare_teacher_forced(
+    res: Results, name: str, engine, refs: Refs, target: str, lora_request=None
+) -> bool:
     responses = refs.greedy(target)
     got, top = vllm_teacher_forced(engine, refs.prompts, responses, lora_request)
     want = [x for p, r in zip(refs.prompts, responses) for x in refs.logprobs(target, p, r)[0]]
     s = diff_stats(got, want)
     s["vllm_argmax_on_reference_path"] = sum(top) / len(top)
-    return res.check(name, s["mean_abs_diff"] < LOGPROB_MEAN_MAX and s["vllm_argmax_on_reference_path"] >= GREEDY_MIN, **s)
+    return res.check(
+        name, s["mean_abs_diff"] < LOGPROB_MEAN_MAX and s["vllm_argmax_on_reference_path"] >= GREEDY_MIN, **s
+    )
 
 
 @guarded
@@ -376,14 +433,20 @@ def compare_read_back(res: Results, name: str, engine, target: dict, previous: d
 
 def colocated(res: Results, refs: Refs) -> None:
     import torch
-
-    from rlcore.interfaces import BuildContext, SamplingParams
     from rlcore_rollout_vllm.engine import build
     from rlcore_rollout_vllm.options import VLLMOptions
 
+    from rlcore.interfaces import BuildContext, SamplingParams
+
     new, prompts = refs.new_tokens, refs.prompts
-    opts = VLLMOptions(model=str(refs.models / "A"), gpu_memory_utilization=0.25, max_model_len=512, dtype="bfloat16",
-                       lora_rank=refs.lora["rank"], seed=0)
+    opts = VLLMOptions(
+        model=str(refs.models / "A"),
+        gpu_memory_utilization=0.25,
+        max_model_len=512,
+        dtype="bfloat16",
+        lora_rank=refs.lora["rank"],
+        seed=0,
+    )
     t = time.time()
     engine = build(opts, BuildContext(seed=0, dtype="bfloat16"))
     res.info(colocated_start_s=round(time.time() - t, 1), vllm_version=engine.version)
@@ -401,7 +464,9 @@ def colocated(res: Results, refs: Refs) -> None:
     engine.sleep()
     free1 = torch.cuda.mem_get_info()[0]
     engine.wake_up()
-    res.check("colocated_sleep_frees_memory", free1 - free0 > 1 << 30, freed_gib=round((free1 - free0) / 2**30, 2))
+    res.check(
+        "colocated_sleep_frees_memory", free1 - free0 > 1 << 30, freed_gib=round((free1 - free0) / 2**30, 2)
+    )
     res.check("colocated_wake_up_same_greedy", tokens(engine.generate(prompts, greedy_params(new))) == base)
 
     # Full update A -> B, awake, in 1 MB buckets (many buckets).
@@ -421,9 +486,13 @@ def colocated(res: Results, refs: Refs) -> None:
     engine.sleep()
     engine.update_weights(refs.full_weights("A", "cuda"))
     engine.wake_up()
-    compare_read_back(res, "colocated_A_read_back_after_update_while_asleep", engine, refs.state["A"], refs.state["B"])
+    compare_read_back(
+        res, "colocated_A_read_back_after_update_while_asleep", engine, refs.state["A"], refs.state["B"]
+    )
     out_a = tokens(engine.generate(prompts, greedy_params(new)))
-    compare_greedy(res, "colocated_A_update_while_asleep_greedy_matches_trainer", out_a, refs, "A", old_tokens=out_b)
+    compare_greedy(
+        res, "colocated_A_update_while_asleep_greedy_matches_trainer", out_a, refs, "A", old_tokens=out_b
+    )
     conformance(res, "colocated", engine, refs.model["A", "bf16"], prompts)
 
     # LoRA adapters on A: only adapter tensors travel.
@@ -432,14 +501,20 @@ def colocated(res: Results, refs: Refs) -> None:
         engine.update_weights(refs.adapter(name), lora=refs.lora_spec())
         got = tokens(engine.generate(prompts, greedy_params(new)))
         compare_greedy(res, f"colocated_{name}_greedy_matches_peft", got, refs, name, old_tokens=prev)
-        compare_teacher_forced(res, f"colocated_{name}_teacher_forced_logprobs", engine, refs, name, engine._lora_request)
+        compare_teacher_forced(
+            res, f"colocated_{name}_teacher_forced_logprobs", engine, refs, name, engine._lora_request
+        )
         prev = got
     compare_read_back(res, "colocated_base_unchanged_with_lora", engine, refs.state["A"], None)
     try:
         engine.update_weights([("model.layers.0.nonexistent.weight", torch.zeros(3, device="cuda"))])
         res.check("colocated_rejected_update_is_clear", False, error="no error raised")
     except Exception as exc:  # noqa: BLE001
-        res.check("colocated_rejected_update_is_clear", "rejected a weight update" in str(exc), message=str(exc)[:300])
+        res.check(
+            "colocated_rejected_update_is_clear",
+            "rejected a weight update" in str(exc),
+            message=str(exc)[:300],
+        )
 
 
 def colocated_main(out: Path, models: Path) -> int:
@@ -459,10 +534,33 @@ def colocated_main(out: Path, models: Path) -> int:
 def start_server(models: Path, port: int, log_path: Path) -> subprocess.Popen:
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_ALLOW_RUNTIME_LORA_UPDATING="1")
     return subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(models / "A"), "--port", str(port),
-         "--gpu-memory-utilization", "0.55", "--max-model-len", "512", "--dtype", "bfloat16", "--enable-lora",
-         "--max-lora-rank", str(mcm.LORA_RANK), "--enable-sleep-mode", "--logprobs-mode", "processed_logprobs", "--seed", "0"],
-        stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.cli.main",
+            "serve",
+            str(models / "A"),
+            "--port",
+            str(port),
+            "--gpu-memory-utilization",
+            "0.55",
+            "--max-model-len",
+            "512",
+            "--dtype",
+            "bfloat16",
+            "--enable-lora",
+            "--max-lora-rank",
+            str(mcm.LORA_RANK),
+            "--enable-sleep-mode",
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--seed",
+            "0",
+        ],
+        stdout=open(log_path, "w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
     )
 
 
@@ -475,10 +573,10 @@ def server_log_warnings(log_path: Path, since: int) -> tuple[list[str], int]:
 def server(res: Results, refs: Refs, url: str, proc: subprocess.Popen, sync_dir: str, log_path: Path) -> None:
     import httpx
     import torch
-
-    from rlcore.interfaces import SamplingParams
     from rlcore_rollout_vllm.engine import build
     from rlcore_rollout_vllm.options import VLLMOptions
+
+    from rlcore.interfaces import SamplingParams
 
     new, prompts = refs.new_tokens, refs.prompts
     t = time.time()
@@ -497,8 +595,18 @@ def server(res: Results, refs: Refs, url: str, proc: subprocess.Popen, sync_dir:
         res.check("server_unreachable_is_clear", False)
     except Exception as exc:  # noqa: BLE001
         res.check("server_unreachable_is_clear", "http://127.0.0.1:9" in str(exc), message=str(exc)[:300])
-    engine = build(VLLMOptions(mode="server", servers=[url], weight_sync_dir=sync_dir, server_sleep=True, sleep_level=1,
-                               lora_rank=refs.lora["rank"], request_timeout_s=60), None)
+    engine = build(
+        VLLMOptions(
+            mode="server",
+            servers=[url],
+            weight_sync_dir=sync_dir,
+            server_sleep=True,
+            sleep_level=1,
+            lora_rank=refs.lora["rank"],
+            request_timeout_s=60,
+        ),
+        None,
+    )
     base = tokens(engine.generate(prompts, greedy_params(new)))
     compare_greedy(res, "server_A_greedy_matches_transformers", base, refs, "A")
     sampled = engine.generate(prompts[:4], SamplingParams(n=3, temperature=1.0, max_new_tokens=new, seed=5))
@@ -520,14 +628,20 @@ def server(res: Results, refs: Refs, url: str, proc: subprocess.Popen, sync_dir:
     engine.update_weights(refs.full_weights("A", "cpu"))
     warnings, mark = server_log_warnings(log_path, mark)
     out_a = tokens(engine.generate(prompts, greedy_params(new)))
-    ok = compare_greedy(res, "server_A_second_reload_greedy_matches_trainer", out_a, refs, "A", old_tokens=out_b)
+    ok = compare_greedy(
+        res, "server_A_second_reload_greedy_matches_trainer", out_a, refs, "A", old_tokens=out_b
+    )
     res.check("server_A_reload_loads_every_weight", not warnings, warnings=warnings)
 
     # A dead server in the pool: its requests are retried on the live one, nothing lost.
     engine.pool.urls.insert(0, "http://127.0.0.1:9")
     engine.pool._busy["http://127.0.0.1:9"] = 0
     retried = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=new, seed=7))
-    res.check("server_retry_loses_no_samples", all(len(g) == 2 for g in retried) and len(retried) == len(prompts), down=list(engine.pool.down))
+    res.check(
+        "server_retry_loses_no_samples",
+        all(len(g) == 2 for g in retried) and len(retried) == len(prompts),
+        down=list(engine.pool.down),
+    )
     engine.pool.urls.remove("http://127.0.0.1:9")
     engine.sleep()
     engine.wake_up()
@@ -549,7 +663,11 @@ def server(res: Results, refs: Refs, url: str, proc: subprocess.Popen, sync_dir:
         engine.update_weights([("model.embed_tokens.weight", torch.zeros(7, 3))])
         res.check("server_rejected_update_is_clear", False, error="no error raised")
     except Exception as exc:  # noqa: BLE001
-        res.check("server_rejected_update_is_clear", url.split("//")[1] in str(exc) or url in str(exc), message=str(exc)[:400])
+        res.check(
+            "server_rejected_update_is_clear",
+            url.split("//")[1] in str(exc) or url in str(exc),
+            message=str(exc)[:400],
+        )
 
 
 # ---------------------------------------------------------------------- dry run (CPU, no vLLM)
@@ -567,9 +685,16 @@ def dry_run(res: Results, refs: Refs, work: Path) -> None:
 
     for m in ("A", "B", "lora1", "lora2"):
         got = refs.greedy(m)
-        res.check(f"dry_{m}_greedy_as_built", got == refs.manifest["cpu_greedy_bf16"][m], **token_match(got, refs.manifest["cpu_greedy_bf16"][m]))
-        res.check(f"dry_{m}_greedy_fp32_vs_bf16", token_match(refs.greedy(m, "fp32"), got)["token_match"] >= GREEDY_MIN,
-                  **token_match(refs.greedy(m, "fp32"), got))
+        res.check(
+            f"dry_{m}_greedy_as_built",
+            got == refs.manifest["cpu_greedy_bf16"][m],
+            **token_match(got, refs.manifest["cpu_greedy_bf16"][m]),
+        )
+        res.check(
+            f"dry_{m}_greedy_fp32_vs_bf16",
+            token_match(refs.greedy(m, "fp32"), got)["token_match"] >= GREEDY_MIN,
+            **token_match(refs.greedy(m, "fp32"), got),
+        )
     compare_greedy(res, "dry_B_differs_from_A", refs.greedy("B"), refs, "B", old="A")
     compare_greedy(res, "dry_lora1_differs_from_A", refs.greedy("lora1"), refs, "lora1", old="A")
     compare_greedy(res, "dry_lora2_differs_from_lora1", refs.greedy("lora2"), refs, "lora2", old="lora1")
@@ -578,14 +703,20 @@ def dry_run(res: Results, refs: Refs, work: Path) -> None:
     for wrapped in (False, True):
         tag = "lora_layout" if wrapped else "plain_layout"
         cmp = compare_params(fuse_like_vllm(b, wrapped), b, a)
-        res.check(f"dry_read_back_exact_{tag}", cmp["ok"] and cmp["max_abs_diff"] == 0.0, tensors=cmp["tensors"])
+        res.check(
+            f"dry_read_back_exact_{tag}", cmp["ok"] and cmp["max_abs_diff"] == 0.0, tensors=cmp["tensors"]
+        )
         stale = fuse_like_vllm(b, wrapped)
         key = next(n for n in stale if "qkv_proj" in n and n.endswith("weight"))
         stale[key] = fuse_like_vllm(a, wrapped)[key]
         stale.pop(next(n for n in stale if "gate_up_proj" in n))
         cmp = compare_params(stale, b, a)
-        res.check(f"dry_read_back_finds_stale_and_missing_{tag}", not cmp["ok"] and cmp["not_updated"] == [key]
-                  and len(cmp["hf_tensors_not_in_vllm"]) == 2, not_updated=cmp["not_updated"], missing=cmp["hf_tensors_not_in_vllm"])
+        res.check(
+            f"dry_read_back_finds_stale_and_missing_{tag}",
+            not cmp["ok"] and cmp["not_updated"] == [key] and len(cmp["hf_tensors_not_in_vllm"]) == 2,
+            not_updated=cmp["not_updated"],
+            missing=cmp["hf_tensors_not_in_vllm"],
+        )
 
     # Full weights as the server path writes them: shards that load back into B.
     shard_dir = work / "shards"
@@ -630,7 +761,9 @@ def follow(path: Path, pos: int) -> int:
     return pos + len(chunk[:done].encode())
 
 
-def main(out_dir: str, models: str | None = None, deadline_s: float = 420.0, dry: bool = False, port: int = 8011) -> int:
+def main(
+    out_dir: str, models: str | None = None, deadline_s: float = 420.0, dry: bool = False, port: int = 8011
+) -> int:
     t_start = time.time()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -656,8 +789,12 @@ def main(out_dir: str, models: str | None = None, deadline_s: float = 420.0, dry
     colo_log = out / "colocated.log"
     (out / "results_colocated.json").unlink(missing_ok=True)
     proc = start_server(models_dir, port, server_log)
-    child = subprocess.Popen([sys.executable, __file__, str(out), "--part", "colocated", "--models", str(models_dir)],
-                             stdout=open(colo_log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    child = subprocess.Popen(
+        [sys.executable, __file__, str(out), "--part", "colocated", "--models", str(models_dir)],
+        stdout=open(colo_log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     log("started vllm serve (pid", proc.pid, ") and the colocated part (pid", child.pid, "); logs in", out)
     pos = 0
     try:
@@ -677,7 +814,9 @@ def main(out_dir: str, models: str | None = None, deadline_s: float = 420.0, dry
         res.save()
     finally:
         if child.poll() is None:
-            res.data["errors"]["colocated_stopped"] = f"the colocated part was still running after {time.time() - t_start:.0f} s and was stopped"
+            res.data["errors"]["colocated_stopped"] = (
+                f"the colocated part was still running after {time.time() - t_start:.0f} s and was stopped"
+            )
             res.save()
             os.killpg(child.pid, signal.SIGTERM)
         for p in (proc, child):
@@ -686,21 +825,39 @@ def main(out_dir: str, models: str | None = None, deadline_s: float = 420.0, dry
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
         merged = merge(out, res)
-        if not any(k.startswith("colocated") for k in merged["checks"]) and "colocated" not in merged["errors"]:
+        if (
+            not any(k.startswith("colocated") for k in merged["checks"])
+            and "colocated" not in merged["errors"]
+        ):
             merged["errors"].setdefault("colocated", f"the colocated part wrote no results; see {colo_log}")
         merged["info"]["total_s"] = round(time.time() - t_start, 1)
         (out / "results.json").write_text(json.dumps(merged, indent=1, default=str))
         signal.signal(signal.SIGTERM, old_handler)
     failed = [k for k, v in merged["checks"].items() if not v["ok"]]
-    log(f"{len(merged['checks'])} checks, failed:", failed, "errors:", list(merged["errors"]), f"total {merged['info']['total_s']} s")
+    log(
+        f"{len(merged['checks'])} checks, failed:",
+        failed,
+        "errors:",
+        list(merged["errors"]),
+        f"total {merged['info']['total_s']} s",
+    )
     return 1 if failed or merged["errors"].keys() - {"conformance"} else 0
 
 
 def cli(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", nargs="?", default=os.environ.get("OUT", "gpu-out"))
-    ap.add_argument("--models", default=None, help=f"models from make_check_models.py (default {mcm.DEFAULT_DIR}; built if missing)")
-    ap.add_argument("--deadline-s", type=float, default=420.0, help="stop the colocated part after this many seconds in all")
+    ap.add_argument(
+        "--models",
+        default=None,
+        help=f"models from make_check_models.py (default {mcm.DEFAULT_DIR}; built if missing)",
+    )
+    ap.add_argument(
+        "--deadline-s",
+        type=float,
+        default=420.0,
+        help="stop the colocated part after this many seconds in all",
+    )
     ap.add_argument("--dry-run", action="store_true", help="CPU only, no vLLM: models, helpers, weight files")
     ap.add_argument("--part", choices=["colocated"], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

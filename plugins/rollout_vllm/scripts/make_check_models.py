@@ -58,7 +58,9 @@ def check_prompts(seed: int = 1234) -> list[list[int]]:
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    return (torch.randint(DOMAIN_START, DOMAIN_START + DOMAIN_SIZE, (N_PROMPTS, PROMPT_LEN), generator=g)).tolist()
+    return (
+        torch.randint(DOMAIN_START, DOMAIN_START + DOMAIN_SIZE, (N_PROMPTS, PROMPT_LEN), generator=g)
+    ).tolist()
 
 
 def batch(task: str, size: int, g):
@@ -87,13 +89,17 @@ def train(model, task: str, steps: int, lr: float, seed: int, batch_size: int = 
     g = torch.Generator().manual_seed(seed)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * max(0.05, 1 - s / steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 50) * max(0.05, 1 - s / steps)
+    )
     model.train()
     loss = torch.tensor(0.0)
     for step in range(steps):
         inputs, targets = batch(task, batch_size, g)
         logits = model(input_ids=inputs).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1)
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -119,7 +125,7 @@ def greedy_with_margins(model, prompts, new: int = NEW_TOKENS):
                 top = torch.topk(logits, 2)
                 margins.append(float(top.values[0] - top.values[1]))
                 seq.append(int(top.indices[0]))
-            outs.append(seq[len(p):])
+            outs.append(seq[len(p) :])
     return outs, margins
 
 
@@ -146,16 +152,27 @@ def save_tokenizer(path: Path) -> None:
 
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2").save_pretrained(str(path))
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2"
+    ).save_pretrained(str(path))
 
 
 def config():
     from transformers import Qwen2Config
 
     return Qwen2Config(
-        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, rms_norm_eps=1e-6,
-        bos_token_id=1, eos_token_id=2, rope_theta=10000.0,
+        vocab_size=VOCAB,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-6,
+        bos_token_id=1,
+        eos_token_id=2,
+        rope_theta=10000.0,
     )
 
 
@@ -200,7 +217,10 @@ def make(out: Path, steps_a: int = 250, steps_b: int = 200, steps_lora: int = 25
     log("training LoRA adapters on A")
     for i, name in enumerate(("lora1", "lora2")):
         base = Qwen2ForCausalLM.from_pretrained(out / "A", dtype=torch.float32)
-        peft_model = get_peft_model(base, LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA, target_modules=LORA_TARGETS, lora_dropout=0.0))
+        peft_model = get_peft_model(
+            base,
+            LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA, target_modules=LORA_TARGETS, lora_dropout=0.0),
+        )
         stats[f"{name}_training"] = train_until(peft_model, name, steps_lora, 5e-3, seed=10 + i)
         peft_model.save_pretrained(str(out / name), safe_serialization=True)
 
@@ -243,10 +263,14 @@ def make(out: Path, steps_a: int = 250, steps_b: int = 200, steps_lora: int = 25
         "stats": stats,
         "build_s": round(time.time() - t0, 1),
     }
-    bad = [n for n in outs if stats[n]["task_accuracy_bf16"] < 0.95 or stats[n]["min_greedy_margin_bf16"] < 1.0]
+    bad = [
+        n for n in outs if stats[n]["task_accuracy_bf16"] < 0.95 or stats[n]["min_greedy_margin_bf16"] < 1.0
+    ]
     if bad:
         (out / "manifest.failed.json").write_text(json.dumps(manifest, indent=1))
-        raise RuntimeError(f"models {bad} did not learn their tasks (see {out / 'manifest.failed.json'}); rerun to retry")
+        raise RuntimeError(
+            f"models {bad} did not learn their tasks (see {out / 'manifest.failed.json'}); rerun to retry"
+        )
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     for f in out.rglob("*"):  # safetensors files are written 0600; servers may run as another user
         f.chmod(0o755 if f.is_dir() else 0o644)

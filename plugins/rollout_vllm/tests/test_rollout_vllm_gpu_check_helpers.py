@@ -55,7 +55,7 @@ def test_tasks_give_different_greedy_continuations():
             seq = list(p)
             for _ in range(mcm.NEW_TOKENS):
                 seq.append(mcm.rule(task, seq))
-            rows.append(seq[len(p):])
+            rows.append(seq[len(p) :])
         outs[task] = rows
         assert mcm.task_accuracy(task, prompts, rows) == 1.0
     assert mcm.token_overlap(outs["B"], outs["A"]) < 0.1
@@ -74,8 +74,15 @@ def _tiny_state(seed: int) -> dict:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, tie_word_embeddings=False)
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
     return {n: t.clone() for n, t in Qwen2ForCausalLM(cfg).state_dict().items()}
 
 
@@ -100,7 +107,9 @@ def test_read_back_comparison_on_vllm_layout(wrapped):
     missing = {n: t for n, t in fused.items() if "gate_up_proj" not in n or ".0." not in n}
     cmp = gpu_check.compare_params(missing, new, old)
     assert not cmp["ok"] and sorted(cmp["hf_tensors_not_in_vllm"]) == [
-        "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"]
+        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.0.mlp.up_proj.weight",
+    ]
 
     rounded = {n: t.to(torch.bfloat16) for n, t in fused.items()}
     cmp = gpu_check.compare_params(rounded, new, old)
@@ -149,7 +158,9 @@ def test_results_are_saved_per_check_and_merged(tmp_path):
     colo.check("colocated_x", True, n=1)
     main = gpu_check.Results(tmp_path / "results.json", "[main]")
     main.check("server_y", False)
-    assert json.loads((tmp_path / "results.json").read_text())["checks"]["server_y"]["ok"] is False  # on disk at once
+    assert (
+        json.loads((tmp_path / "results.json").read_text())["checks"]["server_y"]["ok"] is False
+    )  # on disk at once
     # a comparison that raises is a failed check, not the end of the run
     assert gpu_check.compare_greedy(main, "server_z", [[1]], None, "A") is False
     assert "AttributeError" in main.data["checks"]["server_z"]["error"]
@@ -164,4 +175,7 @@ def test_follow_prints_only_new_colocated_lines(tmp_path, capsys):
     with open(log, "a") as f:
         f.write(" line [colocated] done\n")
     gpu_check.follow(log, pos)
-    assert capsys.readouterr().out.splitlines() == ["[t] [colocated] CHECK a OK", "partial line [colocated] done"]
+    assert capsys.readouterr().out.splitlines() == [
+        "[t] [colocated] CHECK a OK",
+        "partial line [colocated] done",
+    ]

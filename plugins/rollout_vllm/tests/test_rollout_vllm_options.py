@@ -7,12 +7,12 @@ import sys
 
 import pytest
 from pydantic import ValidationError
-
-from rlcore.errors import UsageError
-from rlcore.interfaces import BuildContext, SamplingParams
 from rlcore_rollout_vllm.names import VERSIONS, names
 from rlcore_rollout_vllm.options import VLLMOptions
 from rlcore_rollout_vllm.translate import completion_body, engine_kwargs, lora_rank, sampling_kwargs
+
+from rlcore.errors import UsageError
+from rlcore.interfaces import BuildContext, SamplingParams
 
 
 def test_name_lists_are_the_real_ones():
@@ -27,10 +27,17 @@ def test_name_lists_are_the_real_ones():
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_translated_names_exist_in_every_supported_version(version):
-    opts = VLLMOptions(max_num_seqs=64, max_model_len=1024, lora_rank=12, engine_args={"kv_cache_dtype": "auto"})
+    opts = VLLMOptions(
+        max_num_seqs=64, max_model_len=1024, lora_rank=12, engine_args={"kv_cache_dtype": "auto"}
+    )
     kwargs = engine_kwargs(opts, BuildContext(model_path="/m", dtype="bfloat16", seed=3))
     assert set(kwargs) <= names("engine-args", version)
-    assert kwargs["max_lora_rank"] == 16 and kwargs["enable_lora"] and kwargs["seed"] == 3 and kwargs["dtype"] == "bfloat16"
+    assert (
+        kwargs["max_lora_rank"] == 16
+        and kwargs["enable_lora"]
+        and kwargs["seed"] == 3
+        and kwargs["dtype"] == "bfloat16"
+    )
     params = SamplingParams(n=2, temperature=0.7, top_k=-1, stop=["\n"], seed=1)
     assert set(sampling_kwargs(params)) <= names("sampling-params", version)
     assert sampling_kwargs(params)["top_k"] == 0
@@ -79,9 +86,14 @@ def test_rlcore_validate_rejects_bad_engine_options(tmp_path):
     manifest.write_text(
         '[model]\npath = "m"\n[data]\ntrain = "synthetic:addition"\n[reward]\nfunction = "exact_match"\n'
         '[trainer]\nsteps = 1\n[rollout]\nengine = "vllm"\ngpu_memory_utilisation = 0.3\n'
-        'engine_args = { enforce_eagre = true }\n'
+        "engine_args = { enforce_eagre = true }\n"
     )
-    proc = subprocess.run([sys.executable, "-m", "rlcore", "validate", str(manifest)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlcore", "validate", str(manifest)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
     assert "rollout.gpu_memory_utilisation" in out and "gpu_memory_utilization" in out
@@ -91,7 +103,9 @@ def test_rlcore_validate_rejects_bad_engine_options(tmp_path):
 
 def test_plugin_module_imports_nothing_heavy():
     code = "import sys, rlcore_rollout_vllm.plugin, rlcore_rollout_vllm.options; print('torch' in sys.modules, 'vllm' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    ).stdout.strip()
     assert out == "False False"
 
 
@@ -106,7 +120,9 @@ def test_gguf_and_missing_model_are_usage_errors():
 @pytest.mark.parametrize("version", VERSIONS)
 def test_fp8_quantization_passes_through_with_the_mismatch_correction_on(version):
     opts = VLLMOptions(quantization="fp8")
-    corrected = BuildContext(model_path="/m", manifest={"algorithm": {"rollout_correction": "token_truncate"}})
+    corrected = BuildContext(
+        model_path="/m", manifest={"algorithm": {"rollout_correction": "token_truncate"}}
+    )
     kwargs = engine_kwargs(opts, corrected)
     assert kwargs["quantization"] == "fp8" and set(kwargs) <= names("engine-args", version)
     assert "quantization" not in engine_kwargs(VLLMOptions(), corrected)
@@ -117,9 +133,10 @@ def test_fp8_quantization_passes_through_with_the_mismatch_correction_on(version
 
 
 def test_lora_adapters_are_taken_only_when_vllm_starts_with_lora():
-    from rlcore.trainer.lora import takes_adapters
     from rlcore_rollout_vllm.colocated import VLLMColocatedEngine
     from rlcore_rollout_vllm.server import VLLMServerEngine
+
+    from rlcore.trainer.lora import takes_adapters
 
     for cls in (VLLMColocatedEngine, VLLMServerEngine):
         engine = cls.__new__(cls)  # the options alone decide; nothing is started

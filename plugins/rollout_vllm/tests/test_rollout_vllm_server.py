@@ -13,12 +13,12 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 import torch
-
-from rlcore.errors import RlcoreError
-from rlcore.interfaces import SamplingParams
 from rlcore_rollout_vllm.engine import build
 from rlcore_rollout_vllm.options import VLLMOptions
 from rlcore_rollout_vllm.weights import LoraSpec
+
+from rlcore.errors import RlcoreError
+from rlcore.interfaces import SamplingParams
 
 
 def _free_port() -> int:
@@ -60,7 +60,9 @@ class FakeVLLM:
                 if path == "/health":
                     return self._send(200)
                 if path == "/v1/models":
-                    return self._send(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+                    return self._send(
+                        200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}
+                    )
                 self._send(404, {"detail": "Not Found"})
 
             def do_POST(self):
@@ -74,11 +76,27 @@ class FakeVLLM:
                         self.connection.close()  # the server "dies": no answer at all
                         return
                     if body["model"] not in {"fake-model", *fake.loras}:
-                        return self._send(404, {"error": {"message": f"The model `{body['model']}` does not exist.", "code": 404}})
+                        return self._send(
+                            404,
+                            {
+                                "error": {
+                                    "message": f"The model `{body['model']}` does not exist.",
+                                    "code": 404,
+                                }
+                            },
+                        )
                     return self._send(200, fake.complete(body))
                 if url.path == "/collective_rpc":
                     if fake.reject_rpc:
-                        return self._send(500, {"error": {"message": "Call to collective_rpc method failed: size mismatch", "code": 500}})
+                        return self._send(
+                            500,
+                            {
+                                "error": {
+                                    "message": "Call to collective_rpc method failed: size mismatch",
+                                    "code": 500,
+                                }
+                            },
+                        )
                     return self._send(200, {"results": [None]})
                 if url.path in ("/sleep", "/wake_up", "/reset_prefix_cache"):
                     return self._send(200)
@@ -99,20 +117,39 @@ class FakeVLLM:
         prompt = body["prompt"]
         choices = []
         for j in range(body["n"]):
-            ids = [(sum(prompt) * 7 + 13 * k + 31 * j * (body.get("temperature", 1) > 0)) % 500 for k in range(body["max_tokens"])]
+            ids = [
+                (sum(prompt) * 7 + 13 * k + 31 * j * (body.get("temperature", 1) > 0)) % 500
+                for k in range(body["max_tokens"])
+            ]
             finish = "length"
             for k, t in enumerate(ids):
                 if t in body.get("stop_token_ids", []):
                     ids, finish = ids[: k + 1], "stop"
                     break
-            choices.append({
-                "index": j, "text": "", "finish_reason": finish, "stop_reason": None, "token_ids": ids,
-                "prompt_token_ids": prompt,
-                "logprobs": {"text_offset": list(range(len(ids))), "token_logprobs": [-0.5 - 0.01 * t for t in ids],
-                             "tokens": [f"token_id:{t}" for t in ids], "top_logprobs": [{f"token_id:{t}": -0.5} for t in ids]},
-            })
-        return {"id": "cmpl-1", "object": "text_completion", "created": 0, "model": body.get("model", ""), "choices": choices,
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": 0, "total_tokens": 0}}
+            choices.append(
+                {
+                    "index": j,
+                    "text": "",
+                    "finish_reason": finish,
+                    "stop_reason": None,
+                    "token_ids": ids,
+                    "prompt_token_ids": prompt,
+                    "logprobs": {
+                        "text_offset": list(range(len(ids))),
+                        "token_logprobs": [-0.5 - 0.01 * t for t in ids],
+                        "tokens": [f"token_id:{t}" for t in ids],
+                        "top_logprobs": [{f"token_id:{t}": -0.5} for t in ids],
+                    },
+                }
+            )
+        return {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "created": 0,
+            "model": body.get("model", ""),
+            "choices": choices,
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": 0, "total_tokens": 0},
+        }
 
     def close(self):
         self.server.shutdown()
@@ -127,16 +164,22 @@ def fake():
 
 
 def _engine(*urls, **kw):
-    return build(VLLMOptions(mode="server", servers=list(urls), connect_timeout_s=2, request_timeout_s=10, **kw), None)
+    return build(
+        VLLMOptions(mode="server", servers=list(urls), connect_timeout_s=2, request_timeout_s=10, **kw), None
+    )
 
 
 def test_generate_parses_vllm_answers_in_prompt_order(fake):
     engine = _engine(fake.url)
     prompts = [[1, 2, 3], [9], [4, 4]]
-    out = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=5, stop_token_ids=[20]))
+    out = engine.generate(
+        prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=5, stop_token_ids=[20])
+    )
     for prompt, group in zip(prompts, out):
         for j, c in enumerate(group):
-            want = FakeVLLM.complete({"prompt": prompt, "n": 2, "max_tokens": 5, "temperature": 1.0, "stop_token_ids": [20]})["choices"][j]
+            want = FakeVLLM.complete(
+                {"prompt": prompt, "n": 2, "max_tokens": 5, "temperature": 1.0, "stop_token_ids": [20]}
+            )["choices"][j]
             assert c.token_ids == want["token_ids"] and c.logprobs == want["logprobs"]["token_logprobs"]
             assert c.finish_reason == want["finish_reason"]
     sent = [b for p, b in fake.calls if p == "/v1/completions"][0]
@@ -160,7 +203,10 @@ def test_requests_of_a_dying_server_are_retried_elsewhere_without_losing_samples
         prompts = [[i] for i in range(6)]
         out = engine.generate(prompts, SamplingParams(n=3, temperature=1.0, max_new_tokens=4))
         assert [len(g) for g in out] == [3] * 6
-        assert [c.token_ids for c in out[5]] == [FakeVLLM.complete({"prompt": [5], "n": 3, "max_tokens": 4})["choices"][j]["token_ids"] for j in range(3)]
+        assert [c.token_ids for c in out[5]] == [
+            FakeVLLM.complete({"prompt": [5], "n": 3, "max_tokens": 4})["choices"][j]["token_ids"]
+            for j in range(3)
+        ]
         assert dying.url in engine.pool.down
     finally:
         dying.close()
@@ -184,7 +230,11 @@ def test_full_weight_update_writes_shards_and_reloads(fake, tmp_path):
     weights = {"model.embed_tokens.weight": torch.randn(600, 512), "lm_head.weight": torch.randn(600, 512)}
     engine.update_weights(weights.items())
     paths = [p for p, _ in fake.calls]
-    assert paths[:2] == ["/sleep", "/wake_up"] and "/collective_rpc" in paths and paths[-1] == "/reset_prefix_cache"
+    assert (
+        paths[:2] == ["/sleep", "/wake_up"]
+        and "/collective_rpc" in paths
+        and paths[-1] == "/reset_prefix_cache"
+    )
     rpc = [b for p, b in fake.calls if p == "/collective_rpc"][0]
     assert rpc["method"] == "reload_weights"
     shards = sorted(Path(rpc["kwargs"]["weights_path"]).glob("*.safetensors"))
@@ -235,19 +285,23 @@ def test_conformance_against_rlcore_serve(tmp_path):
     serve_app = pytest.importorskip("rlcore_serve.app")  # rlcore-serve, when installed beside
     uvicorn = pytest.importorskip("uvicorn")
     hf_engine = pytest.importorskip("rlcore_rollout_hf.engine")
+    from rlcore_rollout_hf.options import HFEngineOptions
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlcore.interfaces import BuildContext
     from rlcore.testing.engines import check_rollout_engine
     from rlcore.testing.models import make_tiny_model
-    from rlcore_rollout_hf.options import HFEngineOptions
 
     path = make_tiny_model(tmp_path / "tiny")
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     engine = hf_engine.build(HFEngineOptions(), BuildContext(actor=model, tokenizer=tokenizer, device="cpu"))
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(serve_app.create_app(engine, tokenizer, model_name="tiny"), port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            serve_app.create_app(engine, tokenizer, model_name="tiny"), port=port, log_level="warning"
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -255,7 +309,9 @@ def test_conformance_against_rlcore_serve(tmp_path):
     try:
         client = _engine(f"http://127.0.0.1:{port}")
         assert client.model == "tiny"
-        results = check_rollout_engine(client, vocab_size=len(tokenizer), reference_model=model, check_update_weights=False)
+        results = check_rollout_engine(
+            client, vocab_size=len(tokenizer), reference_model=model, check_update_weights=False
+        )
         assert results["reference_logprobs"] == "passed" and results["structure"] == "passed"
     finally:
         server.should_exit = True

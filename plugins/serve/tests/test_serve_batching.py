@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 
 import pytest
+from rlcore_serve.batching import Batcher
 
 from rlcore.interfaces import SamplingParams
-from rlcore_serve.batching import Batcher
 from rlcore.testing.tools import ScriptedEngine, make_chat_tokenizer
 
 
@@ -67,7 +67,12 @@ def test_only_equal_sampling_parameters_share_a_call():
 def test_max_batch_size_bounds_the_sequences_of_one_call():
     engine = HeldEngine()
     batcher = Batcher(engine, max_batch_size=4)
-    requests = [([[2]], _params(n=2)), ([[3]], _params(n=2)), ([[4]], _params(n=2)), ([[5], [6], [7], [8], [9]], _params(n=2))]
+    requests = [
+        ([[2]], _params(n=2)),
+        ([[3]], _params(n=2)),
+        ([[4]], _params(n=2)),
+        ([[5], [6], [7], [8], [9]], _params(n=2)),
+    ]
     futures = _queue_behind_a_busy_engine(batcher, engine, requests)
     engine.gate.set()
     for f in futures:
@@ -80,7 +85,9 @@ def test_max_batch_size_bounds_the_sequences_of_one_call():
 def test_a_cancelled_waiting_request_is_skipped_and_the_worker_carries_on():
     engine = HeldEngine()
     batcher = Batcher(engine)
-    gone, kept = _queue_behind_a_busy_engine(batcher, engine, [([[2]], _params()), ([[3]], _params(temperature=0.3))])
+    gone, kept = _queue_behind_a_busy_engine(
+        batcher, engine, [([[2]], _params()), ([[3]], _params(temperature=0.3))]
+    )
     assert gone.cancel()  # the client went away while queued
     engine.gate.set()
     assert len(kept.result(30).groups) == 1

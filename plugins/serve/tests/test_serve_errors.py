@@ -21,9 +21,10 @@ require_plugins("rlcore_rollout_hf")  # the real engine these tests serve
 torch = pytest.importorskip("torch")
 uvicorn = pytest.importorskip("uvicorn")
 
+from rlcore_serve.app import create_app  # noqa: E402
+
 from rlcore.interfaces import BuildContext, SamplingParams  # noqa: E402
 from rlcore.testing.runs import discover_registry  # noqa: E402
-from rlcore_serve.app import create_app  # noqa: E402
 
 pytestmark = pytest.mark.slow  # loads a tiny model and starts a server thread: ~15 s
 
@@ -47,7 +48,12 @@ class Instrumented:
         return getattr(self.engine, name)
 
     def generate(self, prompts, params: SamplingParams, max_new_tokens=None):
-        self.calls.append({"prompts": len(prompts), "budgets": list(max_new_tokens or [params.max_new_tokens] * len(prompts))})
+        self.calls.append(
+            {
+                "prompts": len(prompts),
+                "budgets": list(max_new_tokens or [params.max_new_tokens] * len(prompts)),
+            }
+        )
         self.entered.set()
         self.gate.wait(60)
         if any(p and p[0] == BUG_TOKEN for p in prompts):
@@ -69,7 +75,9 @@ def served(tiny_model):
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
-    hf = discover_registry().get("rollout_engine", "hf")  # the engine, through the registry as a run builds it
+    hf = discover_registry().get(
+        "rollout_engine", "hf"
+    )  # the engine, through the registry as a run builds it
     engine = Instrumented(hf.build(None, BuildContext(actor=model, tokenizer=tokenizer, device="cpu")))
     assert engine.max_positions == CONTEXT
     app = create_app(engine, tokenizer, model_name="tiny", max_tokens=8, max_tokens_limit=LIMIT)
@@ -81,7 +89,13 @@ def served(tiny_model):
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.05)
     assert server.started
-    yield {"url": f"http://127.0.0.1:{port}", "engine": engine, "app": app, "tokenizer": tokenizer, "model": model}
+    yield {
+        "url": f"http://127.0.0.1:{port}",
+        "engine": engine,
+        "app": app,
+        "tokenizer": tokenizer,
+        "model": model,
+    }
     server.should_exit = True
     thread.join(10)
     torch.set_num_threads(threads)
@@ -127,17 +141,47 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 BAD_REQUESTS = [
     (COMPLETIONS, {"prompt": [5, 6], "seed": 2**70}, 400, ["less than or equal to"], "seed"),
     (CHAT, {"messages": MESSAGES, "seed": -(2**64)}, 400, ["greater than or equal to"], "seed"),
-    (COMPLETIONS, {"prompt": [5] * 3000, "max_tokens": 1}, 400, ["3000 tokens", "max_tokens is 1", f"{CONTEXT}"], "prompt"),
+    (
+        COMPLETIONS,
+        {"prompt": [5] * 3000, "max_tokens": 1},
+        400,
+        ["3000 tokens", "max_tokens is 1", f"{CONTEXT}"],
+        "prompt",
+    ),
     (COMPLETIONS, {"prompt": [5] * CONTEXT}, 400, [f"{CONTEXT} tokens", "no room"], "prompt"),
-    (COMPLETIONS, {"prompt": [5] * 2000, "max_tokens": 60}, 400, ["2000 tokens", "60", "2060", f"{CONTEXT}", "at most 48"], "max_tokens"),
-    (COMPLETIONS, {"prompt": [5, 6], "max_tokens": LIMIT + 1}, 400, [f"{LIMIT + 1}", f"at most {LIMIT}", "--max-tokens-limit"], "max_tokens"),
-    (CHAT, {"messages": MESSAGES, "max_completion_tokens": 10**6}, 400, [f"at most {LIMIT}"], "max_completion_tokens"),
+    (
+        COMPLETIONS,
+        {"prompt": [5] * 2000, "max_tokens": 60},
+        400,
+        ["2000 tokens", "60", "2060", f"{CONTEXT}", "at most 48"],
+        "max_tokens",
+    ),
+    (
+        COMPLETIONS,
+        {"prompt": [5, 6], "max_tokens": LIMIT + 1},
+        400,
+        [f"{LIMIT + 1}", f"at most {LIMIT}", "--max-tokens-limit"],
+        "max_tokens",
+    ),
+    (
+        CHAT,
+        {"messages": MESSAGES, "max_completion_tokens": 10**6},
+        400,
+        [f"at most {LIMIT}"],
+        "max_completion_tokens",
+    ),
     (COMPLETIONS, {"prompt": ""}, 400, ["no tokens"], "prompt"),
     (COMPLETIONS, {"prompt": ["a", ""]}, 400, ["prompt 1 has no tokens"], "prompt"),
     (COMPLETIONS, {"prompt": []}, 400, ["empty"], "prompt"),
     (COMPLETIONS, {"prompt": [[5], []]}, 400, ["no tokens"], "prompt"),
     (COMPLETIONS, {"prompt": [-1]}, 400, ["out of range"], "prompt"),
-    (COMPLETIONS, {"prompt": [5], "stop_token_ids": [10**9]}, 400, ["stop_token_ids out of range"], "stop_token_ids"),
+    (
+        COMPLETIONS,
+        {"prompt": [5], "stop_token_ids": [10**9]},
+        400,
+        ["stop_token_ids out of range"],
+        "stop_token_ids",
+    ),
     (COMPLETIONS, {"prompt": [5], "temperature": -0.5}, 400, ["greater than or equal to 0"], "temperature"),
     (COMPLETIONS, {"prompt": [5], "temperature": 2.5}, 400, ["less than or equal to 2"], "temperature"),
     (CHAT, {"messages": MESSAGES, "top_p": 0}, 400, ["greater than 0"], "top_p"),
@@ -150,8 +194,14 @@ BAD_REQUESTS = [
 ]
 
 
-@pytest.mark.parametrize("path, body, status, words, param", BAD_REQUESTS, ids=[f"{p}:{json.dumps(b)[:40]}" for p, b, *_ in BAD_REQUESTS])
-def test_client_errors_are_400s_and_the_connection_stays_open(served, client, path, body, status, words, param):
+@pytest.mark.parametrize(
+    "path, body, status, words, param",
+    BAD_REQUESTS,
+    ids=[f"{p}:{json.dumps(b)[:40]}" for p, b, *_ in BAD_REQUESTS],
+)
+def test_client_errors_are_400s_and_the_connection_stays_open(
+    served, client, path, body, status, words, param
+):
     calls = len(served["engine"].calls)
     bad = client.post(path, json=body)
     _assert_error(bad, status, *words, param=param)
@@ -171,38 +221,58 @@ def test_non_finite_floats_are_refused(client, field, value):
 
 
 def test_malformed_bodies_are_400s(client):
-    _assert_error(client.post(COMPLETIONS, content=b"{not json", headers={"content-type": "application/json"}), 400)
+    _assert_error(
+        client.post(COMPLETIONS, content=b"{not json", headers={"content-type": "application/json"}), 400
+    )
     _assert_error(client.post(COMPLETIONS, json=[1, 2]), 400)
     _assert_error(client.post(CHAT, json={"messages": [1]}), 400, param="messages.0")
     _assert_error(client.get("/v1/nothing"), 404, "Not Found")
 
 
-@pytest.mark.parametrize("path, body, param", [
-    (CHAT, '{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "messages.0.content"),
-    (CHAT, '{"messages": [{"role": "\\udfff", "content": "hi"}]}', "messages.0.role"),
-    (CHAT, '{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", '
-           '"function": {"name": "f\\ud83d", "parameters": {}}}]}', "tools.0.function.name"),
-    (COMPLETIONS, '{"prompt": ["ok", "\\ud800"], "max_tokens": 2}', "prompt.1"),
-    (COMPLETIONS, '{"prompt": "\\udc00", "max_tokens": 2}', "prompt"),
-])
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        (CHAT, '{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "messages.0.content"),
+        (CHAT, '{"messages": [{"role": "\\udfff", "content": "hi"}]}', "messages.0.role"),
+        (
+            CHAT,
+            '{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", '
+            '"function": {"name": "f\\ud83d", "parameters": {}}}]}',
+            "tools.0.function.name",
+        ),
+        (COMPLETIONS, '{"prompt": ["ok", "\\ud800"], "max_tokens": 2}', "prompt.1"),
+        (COMPLETIONS, '{"prompt": "\\udc00", "max_tokens": 2}', "prompt"),
+    ],
+)
 def test_lone_surrogates_are_400s_naming_the_field(client, path, body, param):
     """JSON may spell half of a UTF-16 pair; no tokenizer can take it (it was a 500)."""
     bad = client.post(path, content=body.encode(), headers={"content-type": "application/json"})
     _assert_error(bad, 400, "lone UTF-16 surrogate", param=param)
     paired = body.replace("\\ud800", "\\ud83d\\ude00")  # a whole pair is fine
     if paired != body:
-        assert client.post(path, content=paired.encode(), headers={"content-type": "application/json"}).status_code == 200
+        assert (
+            client.post(
+                path, content=paired.encode(), headers={"content-type": "application/json"}
+            ).status_code
+            == 200
+        )
 
 
 def test_a_json_decode_error_names_the_position_not_a_parameter(client):
-    bad = client.post(COMPLETIONS, content=b'{"prompt": [5, 6], "max_tokens": 2,, }', headers={"content-type": "application/json"})
+    bad = client.post(
+        COMPLETIONS,
+        content=b'{"prompt": [5, 6], "max_tokens": 2,, }',
+        headers={"content-type": "application/json"},
+    )
     error = _assert_error(bad, 400, "not valid JSON", "at character 35")
     assert error["param"] is None, error
 
 
 def test_unknown_model_is_a_404(client):
     for path, body in [(CHAT, {"messages": MESSAGES}), (COMPLETIONS, {"prompt": [5]})]:
-        error = _assert_error(client.post(path, json={**body, "model": "gpt-4o"}), 404, "gpt-4o", "tiny", param="model")
+        error = _assert_error(
+            client.post(path, json={**body, "model": "gpt-4o"}), 404, "gpt-4o", "tiny", param="model"
+        )
         assert error["code"] == "model_not_found"
     assert client.post(COMPLETIONS, json={**GOOD, "model": "tiny"}).status_code == 200
 
@@ -219,7 +289,9 @@ def test_a_server_bug_is_a_500_with_a_body_and_the_connection_survives(client):
 
 def test_max_tokens_default_is_cut_to_the_room_the_context_leaves(client):
     """Without max_tokens, a prompt near the context end gets what is left, not an error."""
-    answer = client.post(COMPLETIONS, json={"prompt": [5] * (CONTEXT - 3), "temperature": 0, "return_token_ids": True})
+    answer = client.post(
+        COMPLETIONS, json={"prompt": [5] * (CONTEXT - 3), "temperature": 0, "return_token_ids": True}
+    )
     assert answer.status_code == 200, answer.text
     assert 1 <= len(answer.json()["choices"][0]["token_ids"]) <= 3
     exact = client.post(COMPLETIONS, json={"prompt": [5] * (CONTEXT - 3), "max_tokens": 3, "temperature": 0})
@@ -233,14 +305,28 @@ def test_seed_bounds_are_the_generators(client):
 
 
 def test_tiny_temperatures_sample_greedily(client):
-    greedy = client.post(COMPLETIONS, json={"prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0, "return_token_ids": True})
-    tiny = client.post(COMPLETIONS, json={"prompt": [5, 6, 7], "max_tokens": 4, "temperature": 1e-300, "return_token_ids": True, "logprobs": 0})
+    greedy = client.post(
+        COMPLETIONS, json={"prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0, "return_token_ids": True}
+    )
+    tiny = client.post(
+        COMPLETIONS,
+        json={
+            "prompt": [5, 6, 7],
+            "max_tokens": 4,
+            "temperature": 1e-300,
+            "return_token_ids": True,
+            "logprobs": 0,
+        },
+    )
     assert tiny.status_code == 200, tiny.text
     assert tiny.json()["choices"][0]["token_ids"] == greedy.json()["choices"][0]["token_ids"]
 
 
 def test_chat_top_logprobs_are_as_many_as_asked(served, client):
-    answer = client.post(CHAT, json={"messages": MESSAGES, "max_tokens": 4, "temperature": 0, "logprobs": True, "top_logprobs": 20})
+    answer = client.post(
+        CHAT,
+        json={"messages": MESSAGES, "max_tokens": 4, "temperature": 0, "logprobs": True, "top_logprobs": 20},
+    )
     assert answer.status_code == 200, answer.text
     content = answer.json()["choices"][0]["logprobs"]["content"]
     assert len(content) >= 1
@@ -250,7 +336,9 @@ def test_chat_top_logprobs_are_as_many_as_asked(served, client):
         values = [t["logprob"] for t in top]
         assert values == sorted(values, reverse=True) and len({t["token"] for t in top}) > 1
         # greedy: the sampled token is the most likely one, with the same log-prob
-        assert top[0]["token"] == entry["token"] and top[0]["logprob"] == pytest.approx(entry["logprob"], abs=1e-4)
+        assert top[0]["token"] == entry["token"] and top[0]["logprob"] == pytest.approx(
+            entry["logprob"], abs=1e-4
+        )
         assert all(set(t) == {"token", "logprob", "bytes"} for t in top)
     none = client.post(CHAT, json={"messages": MESSAGES, "max_tokens": 2, "logprobs": True})
     assert all(e["top_logprobs"] == [] for e in none.json()["choices"][0]["logprobs"]["content"])
@@ -258,18 +346,32 @@ def test_chat_top_logprobs_are_as_many_as_asked(served, client):
 
 def test_completion_top_logprobs_match_a_forward_pass(served, client):
     prompt = [5, 6, 7, 8]
-    answer = client.post(COMPLETIONS, json={"prompt": prompt, "max_tokens": 3, "temperature": 0.8, "seed": 4, "logprobs": 5, "return_token_ids": True})
+    answer = client.post(
+        COMPLETIONS,
+        json={
+            "prompt": prompt,
+            "max_tokens": 3,
+            "temperature": 0.8,
+            "seed": 4,
+            "logprobs": 5,
+            "return_token_ids": True,
+        },
+    )
     assert answer.status_code == 200, answer.text
     choice = answer.json()["choices"][0]
     ids, logprobs = choice["token_ids"], choice["logprobs"]
     with torch.no_grad():
-        logits = served["model"](input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+        logits = (
+            served["model"](input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+        )
     want = torch.topk(torch.log_softmax(logits / 0.8, -1), 5, dim=-1)
     decode = served["tokenizer"].decode
     for position, top in enumerate(logprobs["top_logprobs"]):
         for token_id, value in zip(want.indices[position].tolist(), want.values[position].tolist()):
             text = decode([token_id], skip_special_tokens=False)
-            assert top[text] == pytest.approx(value, abs=1e-4) or top[text] > value  # a same-text token may win
+            assert (
+                top[text] == pytest.approx(value, abs=1e-4) or top[text] > value
+            )  # a same-text token may win
         assert logprobs["tokens"][position] in top and 5 <= len(top) <= 6
 
 

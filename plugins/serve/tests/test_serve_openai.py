@@ -25,7 +25,7 @@ from rlcore.testing.tools import make_chat_tokenizer
 
 pytestmark = pytest.mark.slow  # starts a server process (imports torch): ~30 s
 
-ENGINE_MODULE = '''
+ENGINE_MODULE = """
 import json
 import rlcore
 from rlcore.components import Component, Options
@@ -55,7 +55,7 @@ def never_built(options, context):
 @rlcore.hookimpl
 def rlcore_advantage_estimators():
     return [Component(name="scripted_outcome", factory=never_built, options=Options, description="test estimator")]
-'''
+"""
 
 WEATHER = {
     "type": "function",
@@ -80,7 +80,9 @@ def server(tmp_path_factory):
     (site / "rlcore_test_scripted_engine-0.0.1.dist-info").mkdir(parents=True)
     (site / "rlcore_test_scripted_engine.py").write_text(ENGINE_MODULE)
     info = site / "rlcore_test_scripted_engine-0.0.1.dist-info"
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rlcore-test-scripted-engine\nVersion: 0.0.1\n")
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: rlcore-test-scripted-engine\nVersion: 0.0.1\n"
+    )
     (info / "entry_points.txt").write_text("[rlcore]\nscripted = rlcore_test_scripted_engine\n")
     tok_dir = root / "tokenizer"
     make_chat_tokenizer().save_pretrained(tok_dir)
@@ -113,8 +115,19 @@ def server(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "rlcore", "serve", str(manifest), "--host", "127.0.0.1", "--port", str(port),
-            "--max-tokens-limit", "64", "--batch-size", "4",
+            sys.executable,
+            "-m",
+            "rlcore",
+            "serve",
+            str(manifest),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-tokens-limit",
+            "64",
+            "--batch-size",
+            "4",
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -182,11 +195,17 @@ def test_token_in_token_out_completions(server):
 
     client = OpenAI(base_url=server + "/v1", api_key="unused")
     chat = client.chat.completions.create(
-        model="tiny-scripted", messages=[{"role": "user", "content": "hi"}], extra_body={"return_token_ids": True}
+        model="tiny-scripted",
+        messages=[{"role": "user", "content": "hi"}],
+        extra_body={"return_token_ids": True},
     )
     prompt_ids = chat.model_extra["prompt_token_ids"]
     completion = client.completions.create(
-        model="tiny-scripted", prompt=prompt_ids, max_tokens=3, logprobs=0, extra_body={"return_token_ids": True}
+        model="tiny-scripted",
+        prompt=prompt_ids,
+        max_tokens=3,
+        logprobs=0,
+        extra_body={"return_token_ids": True},
     )
     choice = completion.choices[0]
     assert choice.finish_reason == "length"
@@ -204,7 +223,9 @@ def test_token_in_token_out_completions(server):
 def test_errors_use_the_openai_shape(server):
     bad = httpx.post(server + "/v1/completions", json={"prompt": [10**9], "max_tokens": 2})
     assert bad.status_code == 400 and "out of range" in bad.json()["error"]["message"]
-    stream = httpx.post(server + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "stream": True})
+    stream = httpx.post(
+        server + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "stream": True}
+    )
     assert stream.status_code == 400 and "stream" in stream.json()["error"]["message"]
     missing = httpx.post(server + "/v1/chat/completions", json={"messages": []})
     assert missing.status_code == 400 and "messages" in missing.json()["error"]["message"]

@@ -34,8 +34,15 @@ def prompts_of(tok, rows_spec) -> list[Prompt]:
     out = []
     for k, row in enumerate(rows):
         text = tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
-        out.append(Prompt(token_ids=tok.encode(text, add_special_tokens=False), messages=row["prompt"],
-                          data_source=row["data_source"], extra_info=row["extra_info"], index=k))
+        out.append(
+            Prompt(
+                token_ids=tok.encode(text, add_special_tokens=False),
+                messages=row["prompt"],
+                data_source=row["data_source"],
+                extra_info=row["extra_info"],
+                index=k,
+            )
+        )
     return out
 
 
@@ -76,8 +83,14 @@ def _on_text(tok, play):
 
 def _check(tok, rows, play, **options):
     loop = discover_registry().get("agent_loop", "verifiers")
-    return check_agent_loop(loop, options or None, tokenizer=tok, prompts=prompts_of(tok, rows),
-                            script=None if play is None else _on_text(tok, play), max_new_tokens=200)
+    return check_agent_loop(
+        loop,
+        options or None,
+        tokenizer=tok,
+        prompts=prompts_of(tok, rows),
+        script=None if play is None else _on_text(tok, play),
+        max_new_tokens=200,
+    )
 
 
 def test_single_turn_rows_pass_the_kit(tok):

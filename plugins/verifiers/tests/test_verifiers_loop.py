@@ -33,8 +33,15 @@ def prompts_of(tok, spec) -> list[Prompt]:
     out = []
     for k, row in enumerate(rows):
         text = tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
-        out.append(Prompt(token_ids=tok.encode(text, add_special_tokens=False), messages=row["prompt"],
-                          data_source=row["data_source"], extra_info=row["extra_info"], index=k))
+        out.append(
+            Prompt(
+                token_ids=tok.encode(text, add_special_tokens=False),
+                messages=row["prompt"],
+                data_source=row["data_source"],
+                extra_info=row["extra_info"],
+                index=k,
+            )
+        )
     return out
 
 
@@ -63,8 +70,10 @@ def capital_script(text: str, i: int) -> str:
 
 def test_single_turn_rows_episodes_and_the_tasks_own_rewards(tok, registry):
     prompts = prompts_of(tok, spec("capitals.py", "countries=3"))
-    assert [p.messages for p in prompts][0] == [{"role": "system", "content": "Be brief."},
-                                                  {"role": "user", "content": "What is the capital of France?"}]
+    assert [p.messages for p in prompts][0] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
     assert {p.data_source for p in prompts} == {"verifiers/capitals"}
     loop = build(registry, "agent_loop", tok)
     engine = ScriptedEngine(tok, capital_script)
@@ -86,20 +95,38 @@ def test_single_turn_rows_episodes_and_the_tasks_own_rewards(tok, registry):
 def test_the_reward_scores_rows_played_by_another_loop_from_the_response(registry, tok):
     [prompt] = prompts_of(tok, spec("capitals.py", "countries=1"))
     reward = build(registry, "reward_function")
-    item = RewardInput(response="Paris.", data_source=prompt.data_source, extra_info=prompt.extra_info,
-                       messages=prompt.messages)
+    item = RewardInput(
+        response="Paris.",
+        data_source=prompt.data_source,
+        extra_info=prompt.extra_info,
+        messages=prompt.messages,
+    )
     result = reward(item)
     assert result.score == 2.5 and result.metrics["metric/words"] == 1.0
-    check_reward_function(registry.get("reward_function", "verifiers"), cases=[
-        (item, 2.5),
-        (RewardInput(response="Lyon, I believe, is the capital", extra_info=prompt.extra_info, messages=prompt.messages), 0.0),
-    ])
+    check_reward_function(
+        registry.get("reward_function", "verifiers"),
+        cases=[
+            (item, 2.5),
+            (
+                RewardInput(
+                    response="Lyon, I believe, is the capital",
+                    extra_info=prompt.extra_info,
+                    messages=prompt.messages,
+                ),
+                0.0,
+            ),
+        ],
+    )
 
 
 def test_the_reward_refuses_other_rows_unless_told_to_score_them_zero(registry, tok):
     reward = build(registry, "reward_function")
-    other = Prompt(token_ids=[1], messages=[{"role": "user", "content": "1+1?"}], data_source="openai/gsm8k", index=3)
-    with pytest.raises(Exception, match=r"row 3: the verifiers reward scores rows of the verifiers data source"):
+    other = Prompt(
+        token_ids=[1], messages=[{"role": "user", "content": "1+1?"}], data_source="openai/gsm8k", index=3
+    )
+    with pytest.raises(
+        Exception, match=r"row 3: the verifiers reward scores rows of the verifiers data source"
+    ):
         reward.check_data([other], "data.jsonl")
     lenient = build(registry, "reward_function", missing="zero")
     lenient.check_data([other], "data.jsonl")
@@ -130,7 +157,9 @@ def test_multi_turn_env_answers_each_turn_and_its_stop_ends_an_episode(tok, regi
     assert [by_secret[3].num_turns, by_secret[7].num_turns] == [3, 2]
     t = by_secret[7]
     model = tok.decode([x for x, m in zip(t.response_ids, t.response_mask) if m], skip_special_tokens=False)
-    env_side = tok.decode([x for x, m in zip(t.response_ids, t.response_mask) if not m], skip_special_tokens=False)
+    env_side = tok.decode(
+        [x for x, m in zip(t.response_ids, t.response_mask) if not m], skip_special_tokens=False
+    )
     assert model == "5<|im_end|>7<|im_end|>"
     assert env_side == "\n<|im_start|>user\nNo, higher.<|im_end|>\n<|im_start|>assistant\n"
     assert all((lp == -0.5) if m else (lp == 0.0) for m, lp in zip(t.response_mask, t.rollout_logprobs))
@@ -160,9 +189,15 @@ def test_max_turns_and_the_token_budget_end_episodes(tok, registry):
 
 
 def test_env_options_reach_the_seat(tok, registry):
-    table = {"source": "verifiers", "env": f"python:{ENVS / 'guess.py'}", "env_options": {"player": {"max_turns": 2}}}
+    table = {
+        "source": "verifiers",
+        "env": f"python:{ENVS / 'guess.py'}",
+        "env_options": {"player": {"max_turns": 2}},
+    }
     prompts = prompts_of(tok, table)[:1]
-    out = build(registry, "agent_loop", tok).run(prompts, ScriptedEngine(tok, lambda text, i: "9"), params(tok, n=1))
+    out = build(registry, "agent_loop", tok).run(
+        prompts, ScriptedEngine(tok, lambda text, i: "9"), params(tok, n=1)
+    )
     assert out[0].num_turns == 2
 
 
@@ -188,7 +223,9 @@ def test_tool_calls_run_the_tasks_mcp_toolset_in_process(tok, registry):
     prompt_text = tok.decode(alpha.prompt.token_ids, skip_special_tokens=False)
     assert '"name": "lookup_get"' in prompt_text and "The value stored under key." in prompt_text
     assert (alpha.num_turns, alpha.tool_calls, alpha.tool_errors) == (2, 1, 0)
-    tool_text = tok.decode([x for x, m in zip(alpha.response_ids, alpha.response_mask) if not m], skip_special_tokens=False)
+    tool_text = tok.decode(
+        [x for x, m in zip(alpha.response_ids, alpha.response_mask) if not m], skip_special_tokens=False
+    )
     assert tool_text == "\n<|im_start|>tool\n17<|im_end|>\n<|im_start|>assistant\n"
     assert tok.decode(alpha.response_ids, skip_special_tokens=True).endswith("17")
     # a failing call is an error message to the model, counted, and the episode goes on
@@ -199,24 +236,37 @@ def test_tool_calls_run_the_tasks_mcp_toolset_in_process(tok, registry):
     # the trace holds the call as verifiers records one: beside the text, with its tool result after it
     first = loop.last_traces[0]
     call = first.assistant_messages[0].tool_calls[0]
-    assert (call.name, call.arguments, first.assistant_messages[0].content) == ("lookup_get", '{"key": "alpha"}', "")
+    assert (call.name, call.arguments, first.assistant_messages[0].content) == (
+        "lookup_get",
+        '{"key": "alpha"}',
+        "",
+    )
     assert [(m.tool_call_id, m.content) for m in first.tool_messages] == [(call.id, "17")]
     scores, _ = score_trajectories(build(registry, "reward_function"), out, tok)
     assert scores == pytest.approx([1.1, 0.0, 1.1, 0.0])
 
 
 def test_long_tool_results_are_cut(tok, registry):
-    table = {"source": "verifiers", "env": f"python:{ENVS / 'lookup.py'}", "task": {"tools": {"table": {"alpha": "x" * 500}}}}
+    table = {
+        "source": "verifiers",
+        "env": f"python:{ENVS / 'lookup.py'}",
+        "task": {"tools": {"table": {"alpha": "x" * 500}}},
+    }
     prompts = prompts_of(tok, table)
-    out = build(registry, "agent_loop", tok, max_tool_response_chars=40).run(prompts, ScriptedEngine(tok, lookup_script),
-                                                                             params(tok, n=1, max_new_tokens=400))
-    text = tok.decode([x for x, m in zip(out[0].response_ids, out[0].response_mask) if not m], skip_special_tokens=False)
+    out = build(registry, "agent_loop", tok, max_tool_response_chars=40).run(
+        prompts, ScriptedEngine(tok, lookup_script), params(tok, n=1, max_new_tokens=400)
+    )
+    text = tok.decode(
+        [x for x, m in zip(out[0].response_ids, out[0].response_mask) if not m], skip_special_tokens=False
+    )
     assert "characters cut" in text and text.count("x") == 40
 
 
 def test_an_env_that_fails_ends_its_episode_which_scores_zero(tok, registry):
     prompts = prompts_of(tok, spec("broken.py"))
-    out = build(registry, "agent_loop", tok).run(prompts, ScriptedEngine(tok, lambda text, i: "hi"), params(tok, n=2))
+    out = build(registry, "agent_loop", tok).run(
+        prompts, ScriptedEngine(tok, lambda text, i: "hi"), params(tok, n=2)
+    )
     assert [(t.num_turns, t.metrics["verifiers/episode_errors"]) for t in out] == [(1, 1.0), (1, 1.0)]
     assert out[0].response_mask == [1] * len(out[0].response_ids)  # what was played is kept
     scores, metrics = score_trajectories(build(registry, "reward_function"), out, tok)
@@ -229,29 +279,53 @@ def test_an_installed_package_is_named_by_its_module(tok, registry, monkeypatch)
     assert prompt.extra_info["verifiers"]["env"] == "capitals" and prompt.data_source == "verifiers/capitals"
     [named] = prompts_of(tok, "verifiers:capitals:CapitalsTaskset?countries=1")
     assert named.data_source == "verifiers/capitals.CapitalsTaskset"
-    item = RewardInput(response="Paris", data_source=prompt.data_source, extra_info=prompt.extra_info,
-                       messages=prompt.messages)
+    item = RewardInput(
+        response="Paris",
+        data_source=prompt.data_source,
+        extra_info=prompt.extra_info,
+        messages=prompt.messages,
+    )
     assert build(registry, "reward_function")(item).score == 2.5
 
 
 # ----------------------------------------------------------------------------- refusals
 
 
-@pytest.mark.parametrize("written, expected", [
-    (spec("capitals.py", "countires=2"), "taskset CapitalsTaskset has no option 'countires'; did you mean 'countries'?"),
-    (spec("capitals.py", "countries=many"), "taskset CapitalsTaskset: countries: Input should be a valid integer"),
-    (spec("capitals.py") + ":Capitals", "no 'Capitals' in it; did you mean 'CapitalsTaskset'?"),
-    (spec("missing.py"), "does not exist"),
-    ("verifiers:rlcore_no_such_env", "verifiers environment package 'rlcore_no_such_env' is not installed"),
-    (spec("two_seats.py"), "has 2 seats (solver, critic); rlcore's policy plays one seat"),
-    (spec("sandbox.py"), "@vf.reward file_written needs a runtime"),
-    (spec("sandbox.py"), "@vf.intercept rewrite is an interception-server hook"),
-    (spec("judged.py"), "env JudgedEnv overrides finalize(): cross-agent judgement"),
-    ({"source": "verifiers", "env": f"python:{ENVS / 'guess.py'}", "env_options": {"player": {"harness": {"id": "bash"}}}},
-     "seat 'player' pins the harness 'bash': harness programs"),
-    ({"source": "verifiers", "env": f"python:{ENVS / 'guess.py'}", "env_options": {"players": {}}},
-     "GuessEnvConfig has no option 'players'; did you mean 'player'?"),
-])
+@pytest.mark.parametrize(
+    "written, expected",
+    [
+        (
+            spec("capitals.py", "countires=2"),
+            "taskset CapitalsTaskset has no option 'countires'; did you mean 'countries'?",
+        ),
+        (
+            spec("capitals.py", "countries=many"),
+            "taskset CapitalsTaskset: countries: Input should be a valid integer",
+        ),
+        (spec("capitals.py") + ":Capitals", "no 'Capitals' in it; did you mean 'CapitalsTaskset'?"),
+        (spec("missing.py"), "does not exist"),
+        (
+            "verifiers:rlcore_no_such_env",
+            "verifiers environment package 'rlcore_no_such_env' is not installed",
+        ),
+        (spec("two_seats.py"), "has 2 seats (solver, critic); rlcore's policy plays one seat"),
+        (spec("sandbox.py"), "@vf.reward file_written needs a runtime"),
+        (spec("sandbox.py"), "@vf.intercept rewrite is an interception-server hook"),
+        (spec("judged.py"), "env JudgedEnv overrides finalize(): cross-agent judgement"),
+        (
+            {
+                "source": "verifiers",
+                "env": f"python:{ENVS / 'guess.py'}",
+                "env_options": {"player": {"harness": {"id": "bash"}}},
+            },
+            "seat 'player' pins the harness 'bash': harness programs",
+        ),
+        (
+            {"source": "verifiers", "env": f"python:{ENVS / 'guess.py'}", "env_options": {"players": {}}},
+            "GuessEnvConfig has no option 'players'; did you mean 'player'?",
+        ),
+    ],
+)
 def test_what_rlcore_cannot_play_is_a_located_error_at_validate(written, expected):
     problem = check_data_spec(written)
     assert problem is not None and expected in problem, problem
@@ -261,8 +335,10 @@ def test_validation_imports_no_torch(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys; from rlcore.testing.runs import check_data_spec; "
-            f"assert check_data_spec({spec('lookup.py')!r}) is None; print('torch' in sys.modules)")
+    code = (
+        "import sys; from rlcore.testing.runs import check_data_spec; "
+        f"assert check_data_spec({spec('lookup.py')!r}) is None; print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"

@@ -20,9 +20,19 @@ def test_the_example_runs_end_to_end(tiny_model, tmp_path):
     manifest = tmp_path / "verifiers_env.toml"
     manifest.write_text(EXAMPLE.read_text())
     (tmp_path / "verifiers_env.py").write_text((EXAMPLE.parent / "verifiers_env.py").read_text())
-    sets = [f"model.path={tiny_model}", "model.gguf_file=''", "data.train.size=16", "data.val.size=4",
-            "data.prompts_per_step=4", "rollout.samples_per_prompt=2", "data.max_response_tokens=4",
-            "trainer.steps=2", "trainer.eval_every=2", "trainer.save_every=0", 'trainer.loggers=["jsonl"]']
+    sets = [
+        f"model.path={tiny_model}",
+        "model.gguf_file=''",
+        "data.train.size=16",
+        "data.val.size=4",
+        "data.prompts_per_step=4",
+        "rollout.samples_per_prompt=2",
+        "data.max_response_tokens=4",
+        "trainer.steps=2",
+        "trainer.eval_every=2",
+        "trainer.save_every=0",
+        'trainer.loggers=["jsonl"]',
+    ]
     args = [a for s in sets for a in ("--set", s)]
     validated = run_cli("validate", str(manifest), *args)
     assert validated.returncode == 0, validated.stdout + validated.stderr

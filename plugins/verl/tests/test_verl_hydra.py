@@ -3,19 +3,31 @@
 from __future__ import annotations
 
 import pytest
-
 from rlcore_verl.hydra import Override, OverrideError, flatten, parse_override, parse_value, read_yaml_config
 
 
 @pytest.mark.parametrize(
     ("text", "value"),
     [
-        ("1e-6", 1e-6), ("0.80", 0.8), ("-1", -1), ("1_000", 1000), ("True", True), ("false", False),
-        ("null", None), ("vllm", "vllm"), ("'error'", "error"), ('"a b"', "a b"), ("", ""),
-        ('["console","wandb"]', ["console", "wandb"]), ("['/a/x.parquet', '/b/y.parquet']", ["/a/x.parquet", "/b/y.parquet"]),
-        ("[]", []), ("{max_position_embeddings: 32768}", {"max_position_embeddings": 32768}),
-        ("{a: [1, 2], 'b': x}", {"a": [1, 2], "b": "x"}), ("${oc.select:a.b,1}", "${oc.select:a.b,1}"),
-        ("all-linear", "all-linear"), ("[q_proj,v_proj]", ["q_proj", "v_proj"]),
+        ("1e-6", 1e-6),
+        ("0.80", 0.8),
+        ("-1", -1),
+        ("1_000", 1000),
+        ("True", True),
+        ("false", False),
+        ("null", None),
+        ("vllm", "vllm"),
+        ("'error'", "error"),
+        ('"a b"', "a b"),
+        ("", ""),
+        ('["console","wandb"]', ["console", "wandb"]),
+        ("['/a/x.parquet', '/b/y.parquet']", ["/a/x.parquet", "/b/y.parquet"]),
+        ("[]", []),
+        ("{max_position_embeddings: 32768}", {"max_position_embeddings": 32768}),
+        ("{a: [1, 2], 'b': x}", {"a": [1, 2], "b": "x"}),
+        ("${oc.select:a.b,1}", "${oc.select:a.b,1}"),
+        ("all-linear", "all-linear"),
+        ("[q_proj,v_proj]", ["q_proj", "v_proj"]),
     ],
 )
 def test_values(text, value):
@@ -26,8 +38,10 @@ def test_values(text, value):
     ("word", "override"),
     [
         ("data.train_batch_size=1024", Override("data.train_batch_size", 1024, "set", "cl")),
-        ("+actor_rollout_ref.model.override_config.max_position_embeddings=32768",
-         Override("actor_rollout_ref.model.override_config.max_position_embeddings", 32768, "add", "cl")),
+        (
+            "+actor_rollout_ref.model.override_config.max_position_embeddings=32768",
+            Override("actor_rollout_ref.model.override_config.max_position_embeddings", 32768, "add", "cl"),
+        ),
         ("++trainer.nnodes=2", Override("trainer.nnodes", 2, "force", "cl")),
         ("~trainer.logger", Override("trainer.logger", None, "delete", "cl")),
     ],
@@ -55,10 +69,13 @@ def test_bad_words_are_refused_naming_where_they_came_from(word, message):
 
 def test_yaml_configs_are_flattened_with_their_defaults_list_kept(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("defaults:\n  - ppo_trainer\n  - _self_\ndata:\n  train_batch_size: 64\n"
-                    "actor_rollout_ref:\n  rollout:\n    engine_kwargs:\n      vllm: {}\n")
+    path.write_text(
+        "defaults:\n  - ppo_trainer\n  - _self_\ndata:\n  train_batch_size: 64\n"
+        "actor_rollout_ref:\n  rollout:\n    engine_kwargs:\n      vllm: {}\n"
+    )
     assert read_yaml_config(path) == {
-        "data.train_batch_size": 64, "actor_rollout_ref.rollout.engine_kwargs.vllm": {},
+        "data.train_batch_size": 64,
+        "actor_rollout_ref.rollout.engine_kwargs.vllm": {},
         "defaults": ["ppo_trainer", "_self_"],
     }
     assert flatten({"a": {"b": {"c": 1}, "d": {}}}) == {"a.b.c": 1, "a.d": {}}

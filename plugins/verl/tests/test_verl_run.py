@@ -3,13 +3,13 @@ manifest that runs one step on a tiny model, scored by the ``verl`` reward as ve
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from rlcore.testing.runs import run_in_process as main
 from rlcore.testing import require_plugins
+from rlcore.testing.runs import run_in_process as main
 from rlcore.testing.runs import train_rows
-
-from pathlib import Path
 
 SCRIPTS = Path(__file__).parent / "scripts"
 require_plugins("rlcore_rollout_hf", "rlcore_reward_rule", "rlcore_algo_grpo")
@@ -20,9 +20,15 @@ def write_gsm8k_rows(path, n):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"What is {i} + {i}?"}],
-             "reward_model": {"style": "rule", "ground_truth": str(2 * i)}, "extra_info": {"index": i}}
-            for i in range(n)]
+    rows = [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": f"What is {i} + {i}?"}],
+            "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
+            "extra_info": {"index": i},
+        }
+        for i in range(n)
+    ]
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), path)
 
@@ -37,11 +43,22 @@ def test_a_converted_verl_command_runs_a_step(tiny_model, tmp_path, monkeypatch,
     monkeypatch.chdir(tmp_path)
     manifest = tmp_path / "m.toml"
     # On this CPU machine: the embedded engine and one device, given after the script as verl takes "$@".
-    code = main(["from-verl", str(SCRIPTS / "tiny_grpo.sh"), "actor_rollout_ref.rollout.name=hf",
-                 "trainer.n_gpus_per_node=1", "--out", str(manifest)])
+    code = main(
+        [
+            "from-verl",
+            str(SCRIPTS / "tiny_grpo.sh"),
+            "actor_rollout_ref.rollout.name=hf",
+            "trainer.n_gpus_per_node=1",
+            "--out",
+            str(manifest),
+        ]
+    )
     err = capfd.readouterr().err
     assert code == 0, err
-    assert "actor_rollout_ref.rollout.gpu_memory_utilization = 0.4 (tiny_grpo.sh:27): an option of the vllm" in err
+    assert (
+        "actor_rollout_ref.rollout.gpu_memory_utilization = 0.4 (tiny_grpo.sh:27): an option of the vllm"
+        in err
+    )
     text = manifest.read_text()
     assert 'function = "verl"' in text and "steps = 1" in text and "kl_coef = 0.001" in text
     assert main(["run", str(manifest), "--run-dir", str(tmp_path / "run")]) == 0

@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from rlcore_verl.shell import ScriptError, find_verl_command
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -24,12 +23,16 @@ def test_continuations_quotes_and_comments():
         "set -x\n"
         "# a comment\n"
         "python3 -m verl.trainer.main_ppo \\\n"
-        "    trainer.logger='[\"console\",\"wandb\"]' \\\n"
+        '    trainer.logger=\'["console","wandb"]\' \\\n'
         '    trainer.project_name="my project" \\\n'
         "    data.truncation='error' # trailing comment\n"
         "echo done\n"
     )
-    assert words(text) == ['trainer.logger=["console","wandb"]', "trainer.project_name=my project", "data.truncation=error"]
+    assert words(text) == [
+        'trainer.logger=["console","wandb"]',
+        "trainer.project_name=my project",
+        "data.truncation=error",
+    ]
 
 
 def test_variables_defaults_arithmetic_and_home():
@@ -39,12 +42,19 @@ def test_variables_defaults_arithmetic_and_home():
         "total=$(((max_prompt_length + max_response_length) * 3))\n"
         'DATA=${DATA:-"${HOME}/verl"}\n'
         "EMPTY=\n"
-        'OTHER=${EMPTY:-fallback} KEEP=${EMPTY-kept}\n'
+        "OTHER=${EMPTY:-fallback} KEEP=${EMPTY-kept}\n"
         "python3 -m verl.trainer.main_ppo a.len=${max_prompt_length} b.tokens=$total c.path=$DATA/x.parquet "
         'd.x=$OTHER e.y="$KEEP" f.half=$((7 / 2)) g.neg=$((-7 / 2))\n'
     )
-    assert words(text) == ["a.len=2048", "b.tokens=67584", "c.path=/home/u/verl/x.parquet", "d.x=fallback",
-                           "e.y=", "f.half=3", "g.neg=-3"]
+    assert words(text) == [
+        "a.len=2048",
+        "b.tokens=67584",
+        "c.path=/home/u/verl/x.parquet",
+        "d.x=fallback",
+        "e.y=",
+        "f.half=3",
+        "g.neg=-3",
+    ]
 
 
 def test_an_environment_value_wins_over_a_default():
@@ -66,8 +76,12 @@ def test_arrays_positional_parameters_and_shift():
         'python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=$ENGINE "${DATA_CONFIG[@]}" "$@"\n'
     )
     assert words(text, args=["sglang", "trainer.nnodes=2", "x.y=a b"]) == [
-        "actor_rollout_ref.rollout.name=sglang", "data.train_files=/home/u/t.parquet", "data.max_prompt_length=1024",
-        "data.shuffle=False", "trainer.nnodes=2", "x.y=a b",
+        "actor_rollout_ref.rollout.name=sglang",
+        "data.train_files=/home/u/t.parquet",
+        "data.max_prompt_length=1024",
+        "data.shuffle=False",
+        "trainer.nnodes=2",
+        "x.y=a b",
     ]
 
 
@@ -102,8 +116,10 @@ def test_a_variable_set_inside_an_if_block_and_used_is_reported():
 
 
 def test_ray_job_submit_and_the_dapo_trainer_are_recognised():
-    text = ('RAY_ADDRESS=${RAY_ADDRESS:-"http://localhost:8265"}\n'
-            "ray job submit --no-wait --working-dir . -- python3 -m recipe.dapo.main_dapo a.b=1\n")
+    text = (
+        'RAY_ADDRESS=${RAY_ADDRESS:-"http://localhost:8265"}\n'
+        "ray job submit --no-wait --working-dir . -- python3 -m recipe.dapo.main_dapo a.b=1\n"
+    )
     command = find_verl_command(text, name="run.sh", environ={}, cwd="/w")
     assert command.module == "recipe.dapo.main_dapo" and command.ray_job
     assert command.ray_job_address == "http://localhost:8265"
@@ -140,8 +156,16 @@ def test_each_fixture_script_expands_exactly_as_bash_runs_it(script, tmp_path):
     out = tmp_path / "args"
     env = {"PATH": f"{stubs}:{os.environ['PATH']}", "HOME": "/home/u", "STUB_OUT": str(out)}
     args = ["trainer.nnodes=3", "trainer.save_freq=7"]
-    subprocess.run(["bash", str(SCRIPTS / script), *args], cwd=tmp_path, env=env, check=True, capture_output=True)
+    subprocess.run(
+        ["bash", str(SCRIPTS / script), *args], cwd=tmp_path, env=env, check=True, capture_output=True
+    )
     ran = out.read_bytes().decode().split("\0")[:-1]
-    command = find_verl_command((SCRIPTS / script).read_text(), name=script, script_path=str(SCRIPTS / script),
-                                args=args, environ={"HOME": "/home/u"}, cwd=str(tmp_path))
-    assert [w for w, _ in command.words] == ran[ran.index(command.module) + 1:]
+    command = find_verl_command(
+        (SCRIPTS / script).read_text(),
+        name=script,
+        script_path=str(SCRIPTS / script),
+        args=args,
+        environ={"HOME": "/home/u"},
+        cwd=str(tmp_path),
+    )
+    assert [w for w, _ in command.words] == ran[ran.index(command.module) + 1 :]

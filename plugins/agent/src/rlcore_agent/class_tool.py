@@ -62,7 +62,9 @@ def check_target(target: str, base_dir: str | Path | None, *, import_modules: bo
         )
     if not where.endswith(".py") and not import_modules:
         if importlib.util.find_spec(where.split(".")[0]) is None:
-            raise RlcoreError(f"tool module {where!r} cannot be imported: no module named {where.split('.')[0]!r}")
+            raise RlcoreError(
+                f"tool module {where!r} cannot be imported: no module named {where.split('.')[0]!r}"
+            )
         return None
     cls, origin = load_target(normalized, what="class", source="tool", base_dir=base_dir)
     if not inspect.isclass(cls):
@@ -98,13 +100,17 @@ def check_schema(schema: Any, what: str) -> str:
     """An OpenAI function schema; return its function name."""
     fn = schema.get("function") if isinstance(schema, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-        raise RlcoreError(f'{what} must be {{"type": "function", "function": {{"name": ..., "parameters": ...}}}}, got {schema!r:.80}')
+        raise RlcoreError(
+            f'{what} must be {{"type": "function", "function": {{"name": ..., "parameters": ...}}}}, got {schema!r:.80}'
+        )
     if schema.get("type", "function") != "function":
         raise RlcoreError(f"{what}: type must be 'function', got {schema.get('type')!r}")
     return fn["name"]
 
 
-def instantiate(cls: type, kwargs: dict[str, Any], where: str, tool_schema: dict[str, Any] | None = None) -> Any:
+def instantiate(
+    cls: type, kwargs: dict[str, Any], where: str, tool_schema: dict[str, Any] | None = None
+) -> Any:
     """Build the tool; give it the file's schema (and its name) when there is one; check that its
     name and schema agree. UsageError naming ``where`` for anything wrong."""
     try:
@@ -120,13 +126,17 @@ def instantiate(cls: type, kwargs: dict[str, Any], where: str, tool_schema: dict
             tool.schema = lambda: tool_schema
             tool.name = name
         if not callable(getattr(tool, "schema", None)):
-            raise RlcoreError(f"{cls.__name__} has no schema() method (or give tool_schema in a tool config file)")
+            raise RlcoreError(
+                f"{cls.__name__} has no schema() method (or give tool_schema in a tool config file)"
+            )
         name = check_schema(tool.schema(), f"{cls.__name__}.schema()")
         own = getattr(tool, "name", None)
         if own is None:
             tool.name = name
         elif own != name:
-            raise RlcoreError(f"{cls.__name__}.name is {own!r} but its schema names the function {name!r}; make them agree")
+            raise RlcoreError(
+                f"{cls.__name__}.name is {own!r} but its schema names the function {name!r}; make them agree"
+            )
     except RlcoreError as exc:
         raise UsageError(f"{where}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - the user's schema()
@@ -154,7 +164,9 @@ def _parse(path: Path) -> Any:
         try:
             import yaml
         except ImportError:
-            raise RlcoreError(f"{path}: reading YAML needs PyYAML (pip install pyyaml), or write the file as .json or .toml") from None
+            raise RlcoreError(
+                f"{path}: reading YAML needs PyYAML (pip install pyyaml), or write the file as .json or .toml"
+            ) from None
         try:
             return yaml.safe_load(text)
         except yaml.YAMLError as exc:
@@ -165,7 +177,9 @@ def _parse(path: Path) -> Any:
         try:
             return json.loads(text)
         except json.JSONDecodeError as exc:
-            raise RlcoreError(f"{path}: invalid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
+            raise RlcoreError(
+                f"{path}: invalid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
+            ) from None
     if suffix == ".toml":
         import tomllib
 
@@ -173,7 +187,9 @@ def _parse(path: Path) -> Any:
             return tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise RlcoreError(f"{path}: invalid TOML: {exc}") from None
-    raise RlcoreError(f"{path}: a tool config file is .yaml/.yml, .json or .toml, not {suffix or 'without a suffix'!r}")
+    raise RlcoreError(
+        f"{path}: a tool config file is .yaml/.yml, .json or .toml, not {suffix or 'without a suffix'!r}"
+    )
 
 
 def read_tool_config(path: str | Path, base_dir: str | Path | None = None) -> list[ToolEntry]:
@@ -196,34 +212,50 @@ def read_tool_config(path: str | Path, base_dir: str | Path | None = None) -> li
     doc = _parse(path)
     tools = doc.get("tools") if isinstance(doc, dict) else doc
     if isinstance(doc, dict) and set(doc) - {"tools"}:
-        raise RlcoreError(f"{path}: unknown top-level keys {sorted(set(doc) - {'tools'})}; expected only 'tools' (a list)")
+        raise RlcoreError(
+            f"{path}: unknown top-level keys {sorted(set(doc) - {'tools'})}; expected only 'tools' (a list)"
+        )
     if not isinstance(tools, list):
-        raise RlcoreError(f"{path}: expected 'tools: [...]', a list of tools with class_name and config; got {type(tools).__name__}")
+        raise RlcoreError(
+            f"{path}: expected 'tools: [...]', a list of tools with class_name and config; got {type(tools).__name__}"
+        )
     entries = []
     for i, raw in enumerate(tools):
         where = f"{path}: tools[{i}]"
         if not isinstance(raw, dict):
-            raise RlcoreError(f"{where}: expected a mapping with class_name and config, got {type(raw).__name__}")
+            raise RlcoreError(
+                f"{where}: expected a mapping with class_name and config, got {type(raw).__name__}"
+            )
         unknown = sorted(set(raw) - set(ENTRY_KEYS))
         if unknown:
             raise RlcoreError(f"{where}: unknown keys {unknown}; expected {', '.join(ENTRY_KEYS)}")
         target = raw.get("class_name")
         if not isinstance(target, str) or not target.strip():
-            raise RlcoreError(f"{where}.class_name: required, e.g. 'python:my_tools.py:MyTool' or 'package.module:MyTool'")
+            raise RlcoreError(
+                f"{where}.class_name: required, e.g. 'python:my_tools.py:MyTool' or 'package.module:MyTool'"
+            )
         config = raw.get("config") or {}
         if not isinstance(config, dict):
-            raise RlcoreError(f"{where}.config: expected a mapping of constructor arguments, got {type(config).__name__}")
+            raise RlcoreError(
+                f"{where}.config: expected a mapping of constructor arguments, got {type(config).__name__}"
+            )
         config = dict(config)
         kind = config.pop("type", "native")
         if kind != "native":
-            raise RlcoreError(f"{where}.config.type: {kind!r} tools (verl's MCP tools) are not supported; only 'native'")
+            raise RlcoreError(
+                f"{where}.config.type: {kind!r} tools (verl's MCP tools) are not supported; only 'native'"
+            )
         schema = raw.get("tool_schema")
         if schema is not None:
             try:
                 check_schema(schema, "tool_schema")
             except RlcoreError as exc:
                 raise RlcoreError(f"{where}.{exc}") from None
-        entries.append(ToolEntry(where=where, class_name=resolve_target(target, path.parent), config=config, tool_schema=schema))
+        entries.append(
+            ToolEntry(
+                where=where, class_name=resolve_target(target, path.parent), config=config, tool_schema=schema
+            )
+        )
     return entries
 
 

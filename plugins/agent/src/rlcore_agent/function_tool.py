@@ -13,8 +13,9 @@ import asyncio
 import inspect
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
@@ -88,7 +89,10 @@ class FunctionTool:
         params.pop("title", None)
         for prop in params.get("properties", {}).values():
             prop.pop("title", None)
-        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": params}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": params},
+        }
 
     async def create(self, trajectory_id: str) -> None:
         return None
@@ -100,7 +104,9 @@ class FunctionTool:
         try:
             validated = self.model.model_validate(arguments)
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors()
+            )
             return ToolResult(text=f"Error: invalid arguments for {self.name}: {problems}", error=True)
         kwargs = {k: getattr(validated, k) for k in self.model.model_fields}
         if inspect.iscoroutinefunction(self.func):

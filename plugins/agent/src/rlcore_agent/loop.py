@@ -31,15 +31,16 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Coroutine, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from loguru import logger
 
 from rlcore.chat import ChatGlue, truncate_middle
-from rlcore.tool_calls import ParsedTurn, ToolCall, parse_tool_calls
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import Prompt, RolloutEngine, SamplingParams, Tool, ToolResult, Trajectory
+from rlcore.tool_calls import ParsedTurn, ToolCall, parse_tool_calls
 from rlcore_agent.options import ToolLoopOptions
 
 T = TypeVar("T")
@@ -127,14 +128,22 @@ class ToolLoop:
         self.glue = ChatGlue(tokenizer, [t.schema() for t in tools.values()])
         self._events = EventLoopThread()
         self._semaphore: asyncio.Semaphore | None = None
-        self._gates: dict[str, asyncio.Semaphore] = {}  # per tool with a max_concurrency, on self._events' loop
-        self._accepted: set[tuple[str, str, tuple[str, ...]]] = set()  # (tool, stage, keys) checked against signatures
+        self._gates: dict[
+            str, asyncio.Semaphore
+        ] = {}  # per tool with a max_concurrency, on self._events' loop
+        self._accepted: set[tuple[str, str, tuple[str, ...]]] = (
+            set()
+        )  # (tool, stage, keys) checked against signatures
         self._warned_unknown: set[str] = set()
-        self.last_messages: list[list[dict[str, Any]]] = []  # the conversations of the last run (debugging, tests)
+        self.last_messages: list[
+            list[dict[str, Any]]
+        ] = []  # the conversations of the last run (debugging, tests)
 
     # ------------------------------------------------------------------ public
 
-    def run(self, prompts: Sequence[Prompt], engine: RolloutEngine, params: SamplingParams) -> list[Trajectory]:
+    def run(
+        self, prompts: Sequence[Prompt], engine: RolloutEngine, params: SamplingParams
+    ) -> list[Trajectory]:
         if not prompts:
             return []
         return self._events.run(self._run(list(prompts), engine, params))
@@ -148,7 +157,9 @@ class ToolLoop:
         messages = self.glue.with_tools(messages)
         return dataclasses.replace(prompt, token_ids=self.glue.prompt_ids(messages)), messages
 
-    async def _run(self, prompts: list[Prompt], engine: RolloutEngine, params: SamplingParams) -> list[Trajectory]:
+    async def _run(
+        self, prompts: list[Prompt], engine: RolloutEngine, params: SamplingParams
+    ) -> list[Trajectory]:
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.options.max_concurrent_calls)
         budget = params.max_new_tokens
@@ -159,7 +170,12 @@ class ToolLoop:
             prepared, messages = self._prepare(prompt)
             for _ in range(params.n):
                 states.append(
-                    _State(prompt=prepared, id=uuid.uuid4().hex, messages=[dict(m) for m in messages], tools_kwargs=tools_kwargs)
+                    _State(
+                        prompt=prepared,
+                        id=uuid.uuid4().hex,
+                        messages=[dict(m) for m in messages],
+                        tools_kwargs=tools_kwargs,
+                    )
                 )
         try:
             # The tools a row gives arguments for are part of its sample's environment: create them now.
@@ -174,20 +190,28 @@ class ToolLoop:
                 if params.seed is not None:
                     update["seed"] = params.seed + turn
                 if turn == 0:  # one request per prompt, n samples each
-                    inputs = [list(p.token_ids) for p in [states[i * params.n].prompt for i in range(len(prompts))]]
-                    outputs = await asyncio.to_thread(engine.generate, inputs, params.model_copy(update=update))
+                    inputs = [
+                        list(p.token_ids) for p in [states[i * params.n].prompt for i in range(len(prompts))]
+                    ]
+                    outputs = await asyncio.to_thread(
+                        engine.generate, inputs, params.model_copy(update=update)
+                    )
                     completions = [c for group in self._check(outputs, len(inputs), params.n) for c in group]
                 else:
                     update["n"] = 1
                     inputs = [list(s.prompt.token_ids) + s.response_ids for s in active]
-                    outputs = await asyncio.to_thread(engine.generate, inputs, params.model_copy(update=update))
+                    outputs = await asyncio.to_thread(
+                        engine.generate, inputs, params.model_copy(update=update)
+                    )
                     completions = [g[0] for g in self._check(outputs, len(inputs), 1)]
                 pending: list[tuple[_State, str, ParsedTurn]] = []
                 for s, comp in zip(active, completions):
                     taken = self._take_turn(s, comp, limits[s.id])
                     if taken is not None:
                         pending.append((s, *taken))
-                tool_messages = await asyncio.gather(*(self._run_calls(s, parsed) for s, _, parsed in pending))
+                tool_messages = await asyncio.gather(
+                    *(self._run_calls(s, parsed) for s, _, parsed in pending)
+                )
                 for (s, text, _), messages in zip(pending, tool_messages):
                     glue = self.glue.turn_glue(s.messages, text, messages)
                     if glue.mismatch:
@@ -216,12 +240,16 @@ class ToolLoop:
         raw = (prompt.extra_info or {}).get("tools_kwargs")
         if raw is None:
             return {}
-        where = f"data row {prompt.index}" + (f" (data_source {prompt.data_source!r})" if prompt.data_source else "")
+        where = f"data row {prompt.index}" + (
+            f" (data_source {prompt.data_source!r})" if prompt.data_source else ""
+        )
         if isinstance(raw, str):  # some pipelines store it as JSON text
             try:
                 raw = json.loads(raw)
             except ValueError as exc:
-                raise UsageError(f"{where}: extra_info.tools_kwargs is a string but not JSON: {exc}") from None
+                raise UsageError(
+                    f"{where}: extra_info.tools_kwargs is a string but not JSON: {exc}"
+                ) from None
         if not isinstance(raw, dict):
             raise UsageError(
                 f'{where}: extra_info.tools_kwargs must map tool names to {{"create_kwargs": {{...}}, ...}}, '
@@ -233,13 +261,17 @@ class ToolLoop:
                 continue
             key = f"extra_info.tools_kwargs.{name}"
             if not isinstance(entry, dict):
-                raise UsageError(f"{where}: {key} must be a mapping of {', '.join(TOOL_KWARGS_STAGES)}, got {type(entry).__name__}")
+                raise UsageError(
+                    f"{where}: {key} must be a mapping of {', '.join(TOOL_KWARGS_STAGES)}, got {type(entry).__name__}"
+                )
             if name not in self.tools:
                 if name not in self._warned_unknown:
                     self._warned_unknown.add(name)
                     logger.warning(
                         "{}: {} names a tool this run does not offer (offered: {}); its arguments are not used",
-                        where, key, ", ".join(sorted(self.tools)) or "none",
+                        where,
+                        key,
+                        ", ".join(sorted(self.tools)) or "none",
                     )
                 continue
             stages: dict[str, dict[str, Any]] = {}
@@ -249,7 +281,9 @@ class ToolLoop:
                 if stage not in TOOL_KWARGS_STAGES:
                     raise UsageError(f"{where}: {key}.{stage} is not one of {', '.join(TOOL_KWARGS_STAGES)}")
                 if not isinstance(kwargs, dict):
-                    raise UsageError(f"{where}: {key}.{stage} must be a mapping of keyword arguments, got {type(kwargs).__name__}")
+                    raise UsageError(
+                        f"{where}: {key}.{stage} must be a mapping of keyword arguments, got {type(kwargs).__name__}"
+                    )
                 if kwargs:
                     self._check_accepts(name, stage, kwargs, f"{where}: {key}.{stage}")
                     stages[stage] = dict(kwargs)
@@ -264,13 +298,17 @@ class ToolLoop:
         method_name = TOOL_KWARGS_STAGES[stage]
         method = getattr(tool, method_name, None)
         if not callable(method):
-            raise UsageError(f"{where} is given, but tool {name!r} ({type(tool).__name__}) has no {method_name}() method")
+            raise UsageError(
+                f"{where} is given, but tool {name!r} ({type(tool).__name__}) has no {method_name}() method"
+            )
         try:
             signature = inspect.signature(method)
         except (TypeError, ValueError):  # a builtin or C callable: trust it
             self._accepted.add(cached)
             return
-        positional: tuple[Any, ...] = ("trajectory-id", {}) if method_name == "execute" else ("trajectory-id",)
+        positional: tuple[Any, ...] = (
+            ("trajectory-id", {}) if method_name == "execute" else ("trajectory-id",)
+        )
         try:
             signature.bind(*positional, **kwargs)
         except TypeError as exc:
@@ -283,7 +321,9 @@ class ToolLoop:
     @staticmethod
     def _check(outputs: Any, prompts: int, n: int) -> list[list[Any]]:
         if len(outputs) != prompts or any(len(g) != n for g in outputs):
-            raise RlcoreError(f"the rollout engine returned a wrong number of completions (expected {prompts} x {n})")
+            raise RlcoreError(
+                f"the rollout engine returned a wrong number of completions (expected {prompts} x {n})"
+            )
         return outputs
 
     def _plain(self, text: str) -> str:
@@ -295,7 +335,9 @@ class ToolLoop:
         """Append one completion; return its text when the turn asks for tools and may continue."""
         ids, lps = list(comp.token_ids)[:limit], list(comp.logprobs)[:limit]
         if len(lps) != len(ids):
-            raise RlcoreError(f"the rollout engine returned {len(lps)} log-probabilities for {len(ids)} tokens")
+            raise RlcoreError(
+                f"the rollout engine returned {len(lps)} log-probabilities for {len(ids)} tokens"
+            )
         truncated = len(ids) < len(comp.token_ids)
         s.extend(ids, lps)
         s.turns += 1
@@ -355,11 +397,13 @@ class ToolLoop:
                 await self._create(s, call.name)
             if call.name in s.broken:
                 s.counts["tool_errors"] += 1
-                return f"Error: {call.name!r} could not be set up for this conversation: {s.broken[call.name]}"
+                return (
+                    f"Error: {call.name!r} could not be set up for this conversation: {s.broken[call.name]}"
+                )
             execute_kwargs = s.tools_kwargs.get(call.name, {}).get("execute_kwargs", {})
             async with self._tool_gate(call.name, tool), self._semaphore:
                 result = await asyncio.wait_for(tool.execute(s.id, call.arguments, **execute_kwargs), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             s.counts["tool_errors"] += 1
             s.counts["tool_timeouts"] += 1
             return f"Error: the call to {call.name!r} timed out after {timeout:g} s"
@@ -436,7 +480,9 @@ class ToolLoop:
                 why = "timed out" if isinstance(exc, asyncio.TimeoutError) else f"{type(exc).__name__}: {exc}"
                 s.counts["tool_errors"] += 1
                 s.counts["tool_reward_errors"] += 1
-                logger.warning("tool {}'s calc_reward for trajectory {} failed (no reward added): {}", name, s.id, why)
+                logger.warning(
+                    "tool {}'s calc_reward for trajectory {} failed (no reward added): {}", name, s.id, why
+                )
                 continue
             s.step_reward += value
             s.counts[f"{name}/reward"] += value
@@ -464,12 +510,16 @@ def build(options: ToolLoopOptions, context: Any) -> ToolLoop:
             tool.name = key
         name = getattr(tool, "name", None) or key
         if name in tools:
-            raise UsageError(f"[tools.{key}] and {origin[name]} both offer a tool named {name!r}; tool names must differ")
+            raise UsageError(
+                f"[tools.{key}] and {origin[name]} both offer a tool named {name!r}; tool names must differ"
+            )
         tools[name], origin[name] = tool, f"[tools.{key}]"
     if options.tool_config is not None:
         from rlcore_agent.class_tool import build_config_tools
 
-        for name, tool in build_config_tools(options.tool_config, getattr(context, "manifest_dir", None)).items():
+        for name, tool in build_config_tools(
+            options.tool_config, getattr(context, "manifest_dir", None)
+        ).items():
             if name in tools:
                 raise UsageError(
                     f"{options.tool_config} offers a tool named {name!r}, as {origin[name]} does; tool names must differ"

@@ -23,18 +23,29 @@ def _problem(message: str) -> PydanticCustomError:
 
 
 class ToolLoopOptions(Options):
-    max_turns: int = Field(4, ge=1, le=256, description="assistant turns per trajectory (tool results come between them)")
-    tools: list[str] | None = Field(None, description="names of the [tools.*] to offer; default: all configured tools")
+    max_turns: int = Field(
+        4, ge=1, le=256, description="assistant turns per trajectory (tool results come between them)"
+    )
+    tools: list[str] | None = Field(
+        None, description="names of the [tools.*] to offer; default: all configured tools"
+    )
     parser: Literal["auto", "hermes", "json"] = Field(
         "auto", description="tool-call format: hermes <tool_call> tags, OpenAI JSON, or auto (both)"
     )
     tool_timeout_s: float = Field(
-        30.0, gt=0,
+        30.0,
+        gt=0,
         description="a tool call running longer returns an error to the model (waiting for a tool's free slot, "
         "e.g. the python tool's max_concurrency, does not count)",
     )
-    max_tool_response_chars: int = Field(4000, ge=16, description="longer tool results are cut (marked) before the model sees them")
-    max_tokens_per_turn: int | None = Field(None, ge=1, description="cap of one assistant turn (the whole response is capped by data.max_response_tokens)")
+    max_tool_response_chars: int = Field(
+        4000, ge=16, description="longer tool results are cut (marked) before the model sees them"
+    )
+    max_tokens_per_turn: int | None = Field(
+        None,
+        ge=1,
+        description="cap of one assistant turn (the whole response is capped by data.max_response_tokens)",
+    )
     max_calls_per_turn: int = Field(8, ge=1, description="further calls in one turn get an error message")
     max_concurrent_calls: int = Field(64, ge=1, description="tool calls running at once across the batch")
     tools_in_prompt: bool = Field(
@@ -65,16 +76,27 @@ class ToolLoopOptions(Options):
 
 
 class PythonToolOptions(Options):
-    sandbox_url: str | None = Field(None, description="run code through an `rlcore sandbox serve` (or sandbox-fusion) server at this URL instead of locally")
+    sandbox_url: str | None = Field(
+        None,
+        description="run code through an `rlcore sandbox serve` (or sandbox-fusion) server at this URL instead of locally",
+    )
     timeout_s: float = Field(10.0, gt=0, le=3600, description="wall-clock limit per execution")
     cpu_time_s: int = Field(10, ge=1, le=3600, description="CPU-time limit per execution")
     memory_mb: int = Field(1024, ge=64, description="address-space limit per execution")
-    max_processes: int = Field(16, ge=1, le=4096, description="processes (and threads) the code may run at once")
-    max_output_bytes: int = Field(1_000_000, ge=1024, description="stdout+stderr captured before the program is stopped")
-    max_output_chars: int = Field(4000, ge=64, description="characters of output returned to the model (the middle is cut)")
+    max_processes: int = Field(
+        16, ge=1, le=4096, description="processes (and threads) the code may run at once"
+    )
+    max_output_bytes: int = Field(
+        1_000_000, ge=1024, description="stdout+stderr captured before the program is stopped"
+    )
+    max_output_chars: int = Field(
+        4000, ge=64, description="characters of output returned to the model (the middle is cut)"
+    )
     max_file_mb: int = Field(64, ge=1, description="largest file the code may write")
     max_concurrency: int | None = Field(
-        None, ge=1, le=128,
+        None,
+        ge=1,
+        le=128,
         description="executions running at once in this process (default: 2 per available CPU core, at most 32); "
         "further calls wait for a slot, and the wait never counts against timeout_s",
     )
@@ -85,12 +107,12 @@ class PythonToolOptions(Options):
     )
     isolation: Literal["bubblewrap", "process"] = Field(
         "bubblewrap",
-        description='bubblewrap (default): namespaces hide the file system, cut the network and contain processes; '
-        'the tool refuses to start where bwrap is missing or cannot create namespaces (apt-get install -y bubblewrap). '
-        'process: explicit opt-in to a weaker sandbox without namespaces (rlimits, a private directory, Landlock where '
-        'the kernel has it, a private uid as root). RISK: without Landlock the code can read every world-readable '
-        'file on the machine (keys, tokens, other users\' data) and, unless rlcore runs as root, leave files in /tmp; '
-        'without root or Landlock ABI 4 it may reach the network. Use it only for trusted models or throwaway machines',
+        description="bubblewrap (default): namespaces hide the file system, cut the network and contain processes; "
+        "the tool refuses to start where bwrap is missing or cannot create namespaces (apt-get install -y bubblewrap). "
+        "process: explicit opt-in to a weaker sandbox without namespaces (rlimits, a private directory, Landlock where "
+        "the kernel has it, a private uid as root). RISK: without Landlock the code can read every world-readable "
+        "file on the machine (keys, tokens, other users' data) and, unless rlcore runs as root, leave files in /tmp; "
+        "without root or Landlock ABI 4 it may reach the network. Use it only for trusted models or throwaway machines",
     )
     description: str | None = Field(None, description="tool description shown to the model")
     extract_code: bool = Field(
@@ -115,13 +137,13 @@ class PythonToolOptions(Options):
         return value
 
     @model_validator(mode="after")
-    def _flag_missing_bwrap(self) -> "PythonToolOptions":
+    def _flag_missing_bwrap(self) -> PythonToolOptions:
         """`rlcore validate` runs this on the machine it validates on: a cheap PATH lookup, no probe. A
         warning, not an error: a launcher may run the tool on another machine, where bwrap may be."""
         if self.sandbox_url is None and self.isolation == "bubblewrap" and shutil.which("bwrap") is None:
             logger.warning(
                 '[tools.python] isolation = "bubblewrap" (the default), but bwrap is not installed on this machine: '
-                'the python tool will refuse to start here. Install bubblewrap (apt-get install -y bubblewrap) or, '
+                "the python tool will refuse to start here. Install bubblewrap (apt-get install -y bubblewrap) or, "
                 'accepting the risks, set isolation = "process"'
             )
         return self
@@ -157,7 +179,9 @@ class _ClassToolBase(Options):
             if found is not None:
                 check_arguments(found, dict(self.model_extra or {}))
                 if not callable(getattr(found, "schema", None)):
-                    raise RlcoreError(f"{found.__name__} has no schema() method (the function schema shown to the model)")
+                    raise RlcoreError(
+                        f"{found.__name__} has no schema() method (the function schema shown to the model)"
+                    )
         except RlcoreError as exc:
             raise _problem(str(exc)) from None
         return self
@@ -167,11 +191,22 @@ class _ClassToolBase(Options):
 ClassToolOptions = create_model(
     "ClassToolOptions",
     __base__=_ClassToolBase,
-    **{"class": (str, Field(..., min_length=3, description='"python:file.py:Class" (relative to the manifest) or "package.module:Class"; the other keys are its constructor\'s arguments'))},
+    **{
+        "class": (
+            str,
+            Field(
+                ...,
+                min_length=3,
+                description='"python:file.py:Class" (relative to the manifest) or "package.module:Class"; the other keys are its constructor\'s arguments',
+            ),
+        )
+    },
 )
 
 
 class FunctionToolOptions(Options):
     function: str = Field(..., min_length=3, description='"python:file.py:func" or "package.module:func"')
-    name: str | None = Field(None, description="tool name shown to the model (default: the [tools.NAME] or function name)")
+    name: str | None = Field(
+        None, description="tool name shown to the model (default: the [tools.NAME] or function name)"
+    )
     description: str | None = Field(None, description="default: the function's docstring")

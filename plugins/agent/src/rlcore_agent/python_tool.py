@@ -26,7 +26,10 @@ DESCRIPTION_REPL = (
 )
 
 # A Markdown code fence: ``` or ~~~, an optional language tag, the code, the same fence closing it.
-_FENCE = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[\w+.-]*)[^\n]*\n(?P<code>.*?)^[ \t]*(?P=fence)[ \t]*$", re.M | re.S)
+_FENCE = re.compile(
+    r"^[ \t]*(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[\w+.-]*)[^\n]*\n(?P<code>.*?)^[ \t]*(?P=fence)[ \t]*$",
+    re.M | re.S,
+)
 _PYTHON_TAGS = {"python", "py", "python3", "py3"}
 _LAST = "_rlcore_last_value"
 
@@ -78,7 +81,9 @@ def print_last_expression(code: str) -> str:
     after = raw[end:].decode()
     if after.lstrip(" \t").startswith(";"):  # `value;` hides the value, as in Jupyter
         return code
-    replacement = f"{_LAST} = ({raw[start:end].decode()})\nif {_LAST} is not None:\n    print(repr({_LAST}))\n"
+    replacement = (
+        f"{_LAST} = ({raw[start:end].decode()})\nif {_LAST} is not None:\n    print(repr({_LAST}))\n"
+    )
     return raw[:start].decode() + replacement + after
 
 
@@ -131,7 +136,10 @@ class PythonTool:
             from rlcore_agent.sandbox.local import LocalSandbox
 
             self.sandbox = LocalSandbox(
-                self.limits, python=options.python, isolation=options.isolation, max_concurrency=options.max_concurrency
+                self.limits,
+                python=options.python,
+                isolation=options.isolation,
+                max_concurrency=options.max_concurrency,
             )
             # The tool loop queues calls beyond this before its per-call timeout starts (see loop.py).
             self.max_concurrency = self.sandbox.max_concurrency
@@ -141,7 +149,8 @@ class PythonTool:
             "type": "function",
             "function": {
                 "name": self.name,
-                "description": self.options.description or (DESCRIPTION_REPL if self.options.print_last_expr else DESCRIPTION),
+                "description": self.options.description
+                or (DESCRIPTION_REPL if self.options.print_last_expr else DESCRIPTION),
                 "parameters": {
                     "type": "object",
                     "properties": {"code": {"type": "string", "description": "the complete Python program"}},

@@ -3,7 +3,7 @@ responses out of the loss."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from rlcore.errors import UsageError
 from rlcore.interfaces import BuildContext, Trajectory
@@ -21,8 +21,13 @@ class DynamicSampling:
     def __init__(self, metric: str = "acc", max_rounds: int = 3, on_exhausted: str = "pad"):
         self.metric, self.max_rounds, self.on_exhausted = metric, max_rounds, on_exhausted
 
-    def select(self, trajectories: Sequence[Trajectory], scores: Sequence[float], group_size: int,
-               reward_items: Sequence[dict[str, float]] | None = None) -> list[int]:
+    def select(
+        self,
+        trajectories: Sequence[Trajectory],
+        scores: Sequence[float],
+        group_size: int,
+        reward_items: Sequence[dict[str, float]] | None = None,
+    ) -> list[int]:
         items = reward_items if reward_items is not None else [{"score": s} for s in scores]
         return informative_groups(filter_values(self.metric, scores, accuracies_of(items)), group_size)
 
@@ -39,8 +44,11 @@ class MaskTruncated:
 def build_dynamic_sampling(options, context: BuildContext | None = None) -> DynamicSampling:
     """Refuses rounds that cannot fill a step even if every group were informative."""
     data = (context.manifest.get("data") if context is not None else None) or {}
-    per_step, drawn, rounds = data.get("prompts_per_step"), data.get("gen_batch_size") or data.get("prompts_per_step"), \
-        options.max_generation_rounds
+    per_step, drawn, rounds = (
+        data.get("prompts_per_step"),
+        data.get("gen_batch_size") or data.get("prompts_per_step"),
+        options.max_generation_rounds,
+    )
     if isinstance(per_step, int) and isinstance(drawn, int) and rounds and drawn * rounds < per_step:
         raise UsageError(
             f"[filters.dynamic_sampling] max_generation_rounds = {rounds} rounds of [data] gen_batch_size = {drawn} "

@@ -17,7 +17,8 @@ class DynamicSamplingOptions(Options):
         "the score trained on, the overlong penalty included (verl's seq_reward)",
     )
     max_generation_rounds: int = Field(
-        3, ge=0,
+        3,
+        ge=0,
         description="generation rounds a step takes at most to fill its batch with informative groups, the first "
         "included (verl's max_num_gen_batches); 0 = unlimited",
     )
@@ -31,7 +32,9 @@ class DynamicSamplingOptions(Options):
 
 class OverlongOptions(Options):
     buffer: int = Field(
-        ..., ge=1, description="over the last this many tokens before data.max_response_tokens the score falls linearly"
+        ...,
+        ge=1,
+        description="over the last this many tokens before data.max_response_tokens the score falls linearly",
     )
     penalty: float = Field(1.0, ge=0.0, description="the largest punishment (at data.max_response_tokens)")
 

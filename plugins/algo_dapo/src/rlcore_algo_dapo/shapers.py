@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from rlcore.errors import UsageError
 from rlcore.interfaces import BuildContext, Trajectory
@@ -13,9 +13,13 @@ class Overlong:
     def __init__(self, buffer: int, penalty: float, max_response_tokens: int):
         self.buffer, self.penalty, self.max_response_tokens = buffer, penalty, max_response_tokens
 
-    def shape(self, trajectories: Sequence[Trajectory], scores: Sequence[float]) -> tuple[list[float], dict[str, float]]:
-        penalties = [overlong_penalty(len(t.response_ids), self.max_response_tokens, self.buffer, self.penalty)
-                     for t in trajectories]
+    def shape(
+        self, trajectories: Sequence[Trajectory], scores: Sequence[float]
+    ) -> tuple[list[float], dict[str, float]]:
+        penalties = [
+            overlong_penalty(len(t.response_ids), self.max_response_tokens, self.buffer, self.penalty)
+            for t in trajectories
+        ]
         shaped = [s + p for s, p in zip(scores, penalties)]
         return shaped, {"reward/overlong_penalty/mean": sum(penalties) / max(len(penalties), 1)}
 

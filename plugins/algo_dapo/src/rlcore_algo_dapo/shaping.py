@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def overlong_penalty(length: int, max_length: int, buffer: int, factor: float = 1.0) -> float:
@@ -49,7 +49,9 @@ def filter_values(metric: str, scores: Sequence[float], accuracies: Sequence[flo
     elif metric == "score":
         values = scores
     else:
-        raise ValueError(f"unknown dynamic sampling metric {metric!r}; expected one of {', '.join(FILTER_METRICS)}")
+        raise ValueError(
+            f"unknown dynamic sampling metric {metric!r}; expected one of {', '.join(FILTER_METRICS)}"
+        )
     if len(values) != len(scores):
         raise ValueError(f"{len(values)} {metric} values for {len(scores)} samples")
     return values

@@ -7,12 +7,17 @@ onto every model token; their ``returns`` are the scores copied the same way.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from rlcore.algorithms.masked import masked_whiten
-from rlcore.algorithms.returns import broadcast_over_tokens, check_advantage_input, discounted_returns, group_stats
+from rlcore.algorithms.returns import (
+    broadcast_over_tokens,
+    check_advantage_input,
+    discounted_returns,
+    group_stats,
+)
 from rlcore.interfaces import AdvantageInput
 
 Estimator = Callable[[AdvantageInput], tuple[torch.Tensor, torch.Tensor]]
@@ -25,7 +30,9 @@ def _outcome(batch: AdvantageInput, per_sample: torch.Tensor) -> tuple[torch.Ten
     return advantages, returns
 
 
-def grpo_advantages(batch: AdvantageInput, norm_by_std: bool = True, epsilon: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def grpo_advantages(
+    batch: AdvantageInput, norm_by_std: bool = True, epsilon: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(s - mean_g) / (std_g + epsilon)``, or ``s - mean_g`` without ``norm_by_std``.
 
     ``std_g`` is the unbiased standard deviation of the group; a single-sample group, or a group

@@ -18,7 +18,7 @@ sequence whose ratio went beyond ``e^10`` contributes no gradient rather than on
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -26,7 +26,9 @@ from rlcore.algorithms.masked import as_bool_mask, masked_fill_zero, masked_mean
 from rlcore.interfaces import PolicyLossInput
 
 
-def sequence_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def sequence_log_ratio(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """``mean_{t in M_i} (logp_t - old_t)`` per sequence, [B]; 0 for a sequence without model tokens."""
     return masked_mean(logprobs - old_logprobs.detach(), mask, dim=-1)
 
@@ -37,7 +39,9 @@ LOG_RATIO_CAP = 10.0
 
 
 def gspo_loss(
-    batch: PolicyLossInput, clip_ratio_low: float = 3e-4, clip_ratio_high: float = 4e-4,
+    batch: PolicyLossInput,
+    clip_ratio_low: float = 3e-4,
+    clip_ratio_high: float = 4e-4,
     log_ratio_cap: float = LOG_RATIO_CAP,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token GSPO loss [B, T], 0 outside the mask; metrics ``pg_clipfrac``,
@@ -48,7 +52,9 @@ def gspo_loss(
     adv = masked_fill_zero(batch.advantages.detach(), mask)
     seq_log_ratio = sequence_log_ratio(logprobs, old, mask)
     # Clamped with the gradient term: above the cap the term is constant, so its gradient is 0.
-    token_log_ratio = (seq_log_ratio.detach().unsqueeze(-1) + logprobs - logprobs.detach()).clamp(max=log_ratio_cap)
+    token_log_ratio = (seq_log_ratio.detach().unsqueeze(-1) + logprobs - logprobs.detach()).clamp(
+        max=log_ratio_cap
+    )
     ratio = token_log_ratio.exp()
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
@@ -65,7 +71,9 @@ def gspo_loss(
     return loss, metrics
 
 
-def build_gspo(options, context=None) -> Callable[[PolicyLossInput], tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+def build_gspo(
+    options, context=None
+) -> Callable[[PolicyLossInput], tuple[torch.Tensor, dict[str, torch.Tensor]]]:
     """The loss, carrying its aggregation as ``loss_agg_mode`` (None: the manifest's)."""
     low, high, cap = options.clip_ratio_low, options.clip_ratio_high, options.gspo_log_ratio_cap
 

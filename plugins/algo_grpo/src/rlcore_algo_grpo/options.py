@@ -17,10 +17,14 @@ class ReinforcePPOptions(Options):
 
 
 class GSPOOptions(Options):
-    clip_ratio_low: float = Field(3e-4, ge=0.0, lt=1.0, description="sequence ratio floor is 1 - clip_ratio_low")
+    clip_ratio_low: float = Field(
+        3e-4, ge=0.0, lt=1.0, description="sequence ratio floor is 1 - clip_ratio_low"
+    )
     clip_ratio_high: float = Field(4e-4, ge=0.0, description="sequence ratio ceiling is 1 + clip_ratio_high")
     gspo_log_ratio_cap: float = Field(
-        10.0, gt=0.0, description="the token log-ratio is clamped here with its gradient (above it: no gradient), as verl"
+        10.0,
+        gt=0.0,
+        description="the token log-ratio is clamped here with its gradient (above it: no gradient), as verl",
     )
     gspo_follow_loss_agg_mode: bool = Field(
         False,

@@ -14,7 +14,7 @@ whitened over every model token of the batch; the returns never are.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

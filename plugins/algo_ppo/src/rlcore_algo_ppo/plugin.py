@@ -10,7 +10,11 @@ from rlcore_algo_ppo.options import GAEOptions
 @rlcore.hookimpl
 def rlcore_advantage_estimators():
     return [
-        Component("gae", "rlcore_algo_ppo.gae:build_gae", GAEOptions,
-                  "generalized advantage estimation from token rewards and critic values",
-                  needs={"critic"}),
+        Component(
+            "gae",
+            "rlcore_algo_ppo.gae:build_gae",
+            GAEOptions,
+            "generalized advantage estimation from token rewards and critic values",
+            needs={"critic"},
+        ),
     ]

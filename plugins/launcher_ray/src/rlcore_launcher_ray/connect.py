@@ -25,7 +25,9 @@ def import_ray(jobs: bool = False):
             import ray.job_submission  # noqa: F401  (needs ray[default]: aiohttp and friends)
     except ImportError as exc:
         what = "the Ray Jobs client" if jobs else "Ray"
-        raise RlcoreError(f"the ray launcher needs {what}, which is not installed ({exc}): {INSTALL_HINT}") from None
+        raise RlcoreError(
+            f"the ray launcher needs {what}, which is not installed ({exc}): {INSTALL_HINT}"
+        ) from None
     if os.environ.get("RAY_DEDUP_LOGS") == "0":
         # Ray reads the variable once, when first imported; a process that imported Ray before
         # (a notebook, a test session) would still fold rank 1's lines into rank 0's.
@@ -51,7 +53,9 @@ def host_port(address: str) -> tuple[str, int]:
     except ValueError:
         raise RlcoreError(f"the Ray address {address!r} has an invalid port") from None
     if not parts.hostname:
-        raise RlcoreError(f'the Ray address {address!r} names no host; expected e.g. "10.0.0.1:6379" or "http://10.0.0.1:8265"')
+        raise RlcoreError(
+            f'the Ray address {address!r} names no host; expected e.g. "10.0.0.1:6379" or "http://10.0.0.1:8265"'
+        )
     return parts.hostname, port or DEFAULT_PORTS.get(scheme, 6379)
 
 
@@ -63,7 +67,7 @@ def check_reachable(address: str, timeout: float, what: str = "Ray cluster") -> 
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return
-    except socket.timeout:
+    except TimeoutError:
         why = f"no answer within {timeout:g} s"
     except OSError as exc:
         why = exc.strerror or str(exc)

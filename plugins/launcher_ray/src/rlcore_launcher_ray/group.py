@@ -46,7 +46,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rlcore.errors import RlcoreError
-
 from rlcore_launcher_ray.connect import import_ray
 from rlcore_launcher_ray.output import LineCount, OutputDrain
 
@@ -122,11 +121,17 @@ def group_method(dispatch: str | Dispatch = "broadcast", execute: str = "all") -
     The method stays an ordinary method inside the worker's process.
     """
     if not (isinstance(dispatch, Dispatch) or dispatch in DISPATCH_MODES):
-        raise ValueError(f"group_method(dispatch={dispatch!r}): expected one of {', '.join(map(repr, DISPATCH_MODES))} or a Dispatch(split, gather)")
+        raise ValueError(
+            f"group_method(dispatch={dispatch!r}): expected one of {', '.join(map(repr, DISPATCH_MODES))} or a Dispatch(split, gather)"
+        )
     if execute not in EXECUTE_MODES:
-        raise ValueError(f"group_method(execute={execute!r}): expected one of {', '.join(map(repr, EXECUTE_MODES))}")
+        raise ValueError(
+            f"group_method(execute={execute!r}): expected one of {', '.join(map(repr, EXECUTE_MODES))}"
+        )
     if execute == "rank_zero" and dispatch != "broadcast":
-        raise ValueError(f"group_method(execute='rank_zero') sends the arguments to rank 0 alone: use dispatch='broadcast', not {dispatch!r}")
+        raise ValueError(
+            f"group_method(execute='rank_zero') sends the arguments to rank 0 alone: use dispatch='broadcast', not {dispatch!r}"
+        )
 
     def mark(method: Callable) -> Callable:
         if not callable(method) or isinstance(method, (staticmethod, classmethod)):
@@ -152,7 +157,9 @@ def _is_sequence(value: Any) -> bool:
     return hasattr(value, "__len__") and hasattr(value, "__getitem__")
 
 
-def _split_calls(label: str, n: int, arguments: dict[str, Any], args: tuple, kwargs: dict) -> list[tuple[tuple, dict]]:
+def _split_calls(
+    label: str, n: int, arguments: dict[str, Any], args: tuple, kwargs: dict
+) -> list[tuple[tuple, dict]]:
     lengths = {}
     for name, value in arguments.items():
         if not _is_sequence(value):
@@ -166,16 +173,27 @@ def _split_calls(label: str, n: int, arguments: dict[str, Any], args: tuple, kwa
     length = next(iter(lengths.values()), 0)
     bounds = [length * i // n for i in range(n + 1)]
     return [
-        (tuple(a[bounds[i]:bounds[i + 1]] for a in args), {k: v[bounds[i]:bounds[i + 1]] for k, v in kwargs.items()})
+        (
+            tuple(a[bounds[i] : bounds[i + 1]] for a in args),
+            {k: v[bounds[i] : bounds[i + 1]] for k, v in kwargs.items()},
+        )
         for i in range(n)
     ]
 
 
-def _scatter_calls(label: str, n: int, arguments: dict[str, Any], args: tuple, kwargs: dict) -> list[tuple[tuple, dict]]:
+def _scatter_calls(
+    label: str, n: int, arguments: dict[str, Any], args: tuple, kwargs: dict
+) -> list[tuple[tuple, dict]]:
     for name, value in arguments.items():
         if not isinstance(value, (list, tuple)) or len(value) != n:
-            got = f"a {type(value).__name__} of {len(value)}" if isinstance(value, (list, tuple)) else type(value).__name__
-            raise ValueError(f"{label} uses dispatch='scatter': argument {name!r} must be a list of {n} (one per worker), got {got}")
+            got = (
+                f"a {type(value).__name__} of {len(value)}"
+                if isinstance(value, (list, tuple))
+                else type(value).__name__
+            )
+            raise ValueError(
+                f"{label} uses dispatch='scatter': argument {name!r} must be a list of {n} (one per worker), got {got}"
+            )
     return [(tuple(a[i] for a in args), {k: v[i] for k, v in kwargs.items()}) for i in range(n)]
 
 
@@ -194,7 +212,9 @@ def _join(label: str, results: list[Any]) -> Any:
 
         return numpy.concatenate(list(results))
     kinds = sorted({type(r).__name__ for r in results})
-    raise TypeError(f"{label} uses dispatch='split': cannot join results of type {', '.join(kinds)} (return lists, tuples, tensors or arrays, or use a custom Dispatch)")
+    raise TypeError(
+        f"{label} uses dispatch='split': cannot join results of type {', '.join(kinds)} (return lists, tuples, tensors or arrays, or use a custom Dispatch)"
+    )
 
 
 # ----------------------------------------------------------------------------------------- workers
@@ -301,7 +321,9 @@ def colocated(**roles: type | WorkerClass) -> Colocated:
     share the GPU and the memory, and each sees the others in ``self.colocated``.
     """
     if not roles:
-        raise ValueError("colocated() needs at least one role, e.g. colocated(actor=ActorWorker, critic=CriticWorker)")
+        raise ValueError(
+            "colocated() needs at least one role, e.g. colocated(actor=ActorWorker, critic=CriticWorker)"
+        )
     fused = {}
     for name, worker in roles.items():
         if name.startswith("_") or name in _GROUP_ATTRIBUTES:
@@ -350,10 +372,16 @@ class WorkerHost:
     @ray.method(concurrency_group="control")
     def lines_written(self) -> dict[str, int]:
         """Complete lines written to stdout and stderr since the start (for :class:`OutputDrain`)."""
-        return {"pid": os.getpid(), "out": self.out.lines if self.out else 0, "err": self.err.lines if self.err else 0}
+        return {
+            "pid": os.getpid(),
+            "out": self.out.lines if self.out else 0,
+            "err": self.err.lines if self.err else 0,
+        }
 
     def setup(self, context: WorkerContext, roles: dict[str | None, WorkerClass]) -> None:
-        os.environ.update(context.env)  # before the workers import torch: CUDA_VISIBLE_DEVICES, the rendezvous
+        os.environ.update(
+            context.env
+        )  # before the workers import torch: CUDA_VISIBLE_DEVICES, the rendezvous
         for stream in (sys.stdout, sys.stderr):
             if hasattr(stream, "reconfigure"):
                 stream.reconfigure(line_buffering=True)
@@ -416,18 +444,30 @@ class ResourcePool:
         placement_timeout: float = 120.0,
     ):
         if (workers is None) == (workers_per_node is None):
-            raise ValueError("ResourcePool needs either workers=N or workers_per_node=[n0, n1, ...], not both")
+            raise ValueError(
+                "ResourcePool needs either workers=N or workers_per_node=[n0, n1, ...], not both"
+            )
         if workers_per_node is not None:
             if not workers_per_node or any(not isinstance(n, int) or n < 1 for n in workers_per_node):
-                raise ValueError(f"ResourcePool(workers_per_node={workers_per_node!r}): expected a list of positive integers")
+                raise ValueError(
+                    f"ResourcePool(workers_per_node={workers_per_node!r}): expected a list of positive integers"
+                )
             if strategy != "PACK":
-                raise ValueError("ResourcePool(workers_per_node=...) places one bundle per node (STRICT_SPREAD); leave strategy out")
+                raise ValueError(
+                    "ResourcePool(workers_per_node=...) places one bundle per node (STRICT_SPREAD); leave strategy out"
+                )
         elif not isinstance(workers, int) or workers < 1:
             raise ValueError(f"ResourcePool(workers={workers!r}): expected a positive integer")
         if strategy not in STRATEGIES:
             raise ValueError(f"ResourcePool(strategy={strategy!r}): expected one of {', '.join(STRATEGIES)}")
-        if cpus_per_worker < 0 or gpus_per_worker < 0 or (cpus_per_worker == 0 and gpus_per_worker == 0 and not resources):
-            raise ValueError("ResourcePool: cpus_per_worker and gpus_per_worker must be >= 0, and a worker must reserve something")
+        if (
+            cpus_per_worker < 0
+            or gpus_per_worker < 0
+            or (cpus_per_worker == 0 and gpus_per_worker == 0 and not resources)
+        ):
+            raise ValueError(
+                "ResourcePool: cpus_per_worker and gpus_per_worker must be >= 0, and a worker must reserve something"
+            )
         self.workers_per_node = list(workers_per_node) if workers_per_node else None
         self.world_size = sum(workers_per_node) if workers_per_node else workers
         self.cpus_per_worker = float(cpus_per_worker)
@@ -438,7 +478,11 @@ class ResourcePool:
         self.placement_group = None
 
     def __repr__(self) -> str:
-        size = f"workers_per_node={self.workers_per_node}" if self.workers_per_node else f"workers={self.world_size}"
+        size = (
+            f"workers_per_node={self.workers_per_node}"
+            if self.workers_per_node
+            else f"workers={self.world_size}"
+        )
         return f"ResourcePool({size}, {self.per_worker()}, {self.strategy})"
 
     def per_worker(self) -> dict[str, float]:
@@ -462,7 +506,9 @@ class ResourcePool:
                 return index
         raise IndexError(rank)
 
-    def check_capacity(self, total: dict[str, float], nodes: list[dict[str, float]], noun: str = "worker") -> None:
+    def check_capacity(
+        self, total: dict[str, float], nodes: list[dict[str, float]], noun: str = "worker"
+    ) -> None:
         """Refuse at once what the cluster can never hold (instead of waiting on the placement group)."""
         n = self.world_size
         per = self.per_worker()
@@ -471,9 +517,19 @@ class ResourcePool:
         for res in sorted(set(per) | {"CPU", "GPU"}, key=lambda r: (r not in names, r)):
             amount = n * per.get(res, 0)
             if amount > total.get(res, 0) + 1e-9:
-                what = f"{names[res]} = {per.get(res, 0):g}" if res in names else f"resources[{res!r}] = {per[res]:g}"
-                size = f"workers_per_node = {self.workers_per_node}" if self.workers_per_node else f"workers = {n}"
-                problems.append(f"{_plural(amount, res)} requested ({size} x {what}), the cluster has {total.get(res, 0):g}")
+                what = (
+                    f"{names[res]} = {per.get(res, 0):g}"
+                    if res in names
+                    else f"resources[{res!r}] = {per[res]:g}"
+                )
+                size = (
+                    f"workers_per_node = {self.workers_per_node}"
+                    if self.workers_per_node
+                    else f"workers = {n}"
+                )
+                problems.append(
+                    f"{_plural(amount, res)} requested ({size} x {what}), the cluster has {total.get(res, 0):g}"
+                )
 
         def holds(node: dict[str, float], need: dict[str, float]) -> bool:
             return all(node.get(r, 0) + 1e-9 >= v for r, v in need.items())
@@ -488,19 +544,27 @@ class ResourcePool:
                     + f"); the largest node has {max((nd.get('CPU', 0) for nd in nodes), default=0):g} CPUs, "
                     f"{max((nd.get('GPU', 0) for nd in nodes), default=0):g} GPUs"
                 )
-            elif self.strategy == "STRICT_PACK" and not any(holds(node, {r: n * v for r, v in per.items()}) for node in nodes):
-                problems.append(f"placement_strategy = STRICT_PACK needs one node with {_plural(n * per.get('CPU', 0), 'CPU')} and "
-                                f"{_plural(n * per.get('GPU', 0), 'GPU')}; no node is that large (use PACK)")
+            elif self.strategy == "STRICT_PACK" and not any(
+                holds(node, {r: n * v for r, v in per.items()}) for node in nodes
+            ):
+                problems.append(
+                    f"placement_strategy = STRICT_PACK needs one node with {_plural(n * per.get('CPU', 0), 'CPU')} and "
+                    f"{_plural(n * per.get('GPU', 0), 'GPU')}; no node is that large (use PACK)"
+                )
             elif self.strategy == "STRICT_SPREAD" and not self.workers_per_node and len(fits) < n:
-                problems.append(f"placement_strategy = STRICT_SPREAD needs {n} nodes that each hold one {noun}; "
-                                f"the cluster has {len(fits)} (use SPREAD)")
+                problems.append(
+                    f"placement_strategy = STRICT_SPREAD needs {n} nodes that each hold one {noun}; "
+                    f"the cluster has {len(fits)} (use SPREAD)"
+                )
             elif self.workers_per_node:
                 free = list(nodes)
                 for bundle in sorted(bundles, key=lambda b: -sum(b.values())):
                     home = next((node for node in free if holds(node, bundle)), None)
                     if home is None:
-                        problems.append(f"workers_per_node = {self.workers_per_node} needs {len(bundles)} distinct nodes "
-                                        f"holding {bundles}; the cluster's nodes are {nodes}")
+                        problems.append(
+                            f"workers_per_node = {self.workers_per_node} needs {len(bundles)} distinct nodes "
+                            f"holding {bundles}; the cluster's nodes are {nodes}"
+                        )
                         break
                     free.remove(home)
         if problems:
@@ -519,8 +583,14 @@ class ResourcePool:
             ray.get(pg.ready(), timeout=self.placement_timeout)
         except GetTimeoutError:
             remove_placement_group(pg)
-            free = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU") or k in self.resources}
-            shown = f"{len(bundles)} x {bundles[0]}" if all(b == bundles[0] for b in bundles) else str(bundles)
+            free = {
+                k: v
+                for k, v in ray.available_resources().items()
+                if k in ("CPU", "GPU") or k in self.resources
+            }
+            shown = (
+                f"{len(bundles)} x {bundles[0]}" if all(b == bundles[0] for b in bundles) else str(bundles)
+            )
             raise RlcoreError(
                 f"the Ray cluster did not reserve {shown} ({self.strategy}) "
                 f"within placement_timeout = {self.placement_timeout:g} s; free now: {free or 'nothing'}. "
@@ -538,7 +608,9 @@ class ResourcePool:
 
 
 # ------------------------------------------------------------------------------- the torch variables
-def torchrun_environment(infos: list[WorkerInfo], master_addr: str, master_port: int, *, local: bool) -> list[dict[str, str]]:
+def torchrun_environment(
+    infos: list[WorkerInfo], master_addr: str, master_port: int, *, local: bool
+) -> list[dict[str, str]]:
     """torchrun's variables for every worker. Ranks follow bundle order; on each node the local
     ranks follow the GPU ids, and each worker sees all the group's GPUs of its node, so
     ``cuda:LOCAL_RANK`` is its own GPU. ``local``: every worker is on this host (gloo stays on ``lo``)."""
@@ -606,7 +678,9 @@ class WorkerFailure(RlcoreError):
     ``failure_grace``. When a worker died, or others were stopped, the group was shut down.
     """
 
-    def __init__(self, message: str, failures: list[Failure], results: dict[int, Any], stopped: list[int], noun: str):
+    def __init__(
+        self, message: str, failures: list[Failure], results: dict[int, Any], stopped: list[int], noun: str
+    ):
         super().__init__(message)
         self.failures = failures
         self.results = results
@@ -632,14 +706,18 @@ def _first_line(exc: BaseException | None) -> str:
 
 
 # ------------------------------------------------------------------------------------- the group
-_GROUP_ATTRIBUTES = frozenset({"pool", "name", "workers", "world_size", "roles", "shutdown", "kill", "call", "closed"})
+_GROUP_ATTRIBUTES = frozenset(
+    {"pool", "name", "workers", "world_size", "roles", "shutdown", "kill", "call", "closed"}
+)
 
 
 class GroupCall:
     """A group call in flight: ``refs`` (Ray object refs, one per called worker in rank order) and
     :meth:`result`, which waits, supervises and gathers."""
 
-    def __init__(self, group: WorkerGroup, label: str, refs: dict[Any, int], gather: Callable[[list[Any]], Any]):
+    def __init__(
+        self, group: WorkerGroup, label: str, refs: dict[Any, int], gather: Callable[[list[Any]], Any]
+    ):
         self.group = group
         self.label = label
         self._refs = refs
@@ -649,7 +727,9 @@ class GroupCall:
     def refs(self) -> list[Any]:
         return sorted(self._refs, key=self._refs.__getitem__)
 
-    def result(self, timeout: float | None = None, *, failed: Callable[[Any], bool] | None = None, poll: float = 1.0) -> Any:
+    def result(
+        self, timeout: float | None = None, *, failed: Callable[[Any], bool] | None = None, poll: float = 1.0
+    ) -> Any:
         """Wait for every worker and return the gathered value.
 
         When a worker dies or raises, the others get the group's ``failure_grace`` seconds to
@@ -686,15 +766,21 @@ class GroupCall:
                     if failed is not None and failed(value):
                         failures.append(Failure(rank, group.workers[rank], "returned", value=value))
             if failures and grace_end is None and pending:
-                grace_end = time.monotonic() + (group.failure_grace if group.failure_grace is not None else float("inf"))
+                grace_end = time.monotonic() + (
+                    group.failure_grace if group.failure_grace is not None else float("inf")
+                )
             if grace_end is not None and pending and time.monotonic() >= grace_end:
                 stopped = sorted(self._refs[r] for r in pending)
                 noun = group.name
-                _say(f"stopping {noun}{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))} of group '{group.name}' after the failure above")
+                _say(
+                    f"stopping {noun}{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))} of group '{group.name}' after the failure above"
+                )
                 group.kill()
                 break
             if pending and give_up is not None and time.monotonic() >= give_up:
-                raise TimeoutError(f"{self.label} did not finish within {timeout:g} s ({len(pending)} worker(s) still running)")
+                raise TimeoutError(
+                    f"{self.label} did not finish within {timeout:g} s ({len(pending)} worker(s) still running)"
+                )
         fatal = [f for f in failures if f.kind != "returned"]
         if fatal or stopped:
             if any(f.kind == "died" for f in failures) or stopped:
@@ -729,7 +815,9 @@ class GroupMethod:
         if isinstance(dispatch, Dispatch):
             calls = list(dispatch.split(n, *args, **kwargs))
             if len(calls) != n:
-                raise ValueError(f"{self.label}: the Dispatch's split returned {len(calls)} calls for {n} workers")
+                raise ValueError(
+                    f"{self.label}: the Dispatch's split returned {len(calls)} calls for {n} workers"
+                )
             calls = [(tuple(a), dict(k)) for a, k in calls]
             gather = dispatch.gather
         else:
@@ -750,7 +838,10 @@ class GroupMethod:
         if self.spec.execute == "rank_zero":
             calls = calls[:1]
             gather = lambda results: results[0]  # noqa: E731
-        refs = {group._hosts[rank].call.remote(self.role, self.name, a, k): rank for rank, (a, k) in enumerate(calls)}
+        refs = {
+            group._hosts[rank].call.remote(self.role, self.name, a, k): rank
+            for rank, (a, k) in enumerate(calls)
+        }
         return GroupCall(group, self.label, refs, gather)
 
 
@@ -758,15 +849,19 @@ class RoleView:
     """The group methods of one role of a :func:`colocated` group (``group.critic``)."""
 
     def __init__(self, group: WorkerGroup, role: str, spec: WorkerClass):
-        self._methods = {name: GroupMethod(group, role, spec.cls, name, s) for name, s in _method_specs(spec.cls).items()}
+        self._methods = {
+            name: GroupMethod(group, role, spec.cls, name, s) for name, s in _method_specs(spec.cls).items()
+        }
         self._label = f"role {role!r} ({spec.cls.__name__})"
 
     def __getattr__(self, name: str) -> GroupMethod:
         methods = self.__dict__.get("_methods", {})
         if name in methods:
             return methods[name]
-        raise AttributeError(f"{self._label} has no group method {name!r}; group methods: {', '.join(sorted(methods)) or 'none'} "
-                             "(decorate a method with @group_method to call it on the group)")
+        raise AttributeError(
+            f"{self._label} has no group method {name!r}; group methods: {', '.join(sorted(methods)) or 'none'} "
+            "(decorate a method with @group_method to call it on the group)"
+        )
 
     def __dir__(self) -> list[str]:
         return sorted(self._methods)
@@ -795,8 +890,10 @@ class WorkerGroup:
         if not isinstance(pool, ResourcePool):
             raise TypeError(f"WorkerGroup(pool, ...) needs a ResourcePool, got {pool!r}")
         if not ray.is_initialized():
-            raise RlcoreError('connect to Ray before starting a WorkerGroup: ray.init(address=...) or, on this machine alone, '
-                              'ray.init(address="local", _node_ip_address="127.0.0.1")')
+            raise RlcoreError(
+                "connect to Ray before starting a WorkerGroup: ray.init(address=...) or, on this machine alone, "
+                'ray.init(address="local", _node_ip_address="127.0.0.1")'
+            )
         if isinstance(worker, Colocated):
             self.roles: dict[str | None, WorkerClass] = dict(worker.roles)
         else:
@@ -837,7 +934,9 @@ class WorkerGroup:
             custom = {k: v for k, v in per.items() if k not in ("CPU", "GPU")}
             self._hosts.append(
                 WorkerHost.options(
-                    num_cpus=pool.cpus_per_worker, num_gpus=pool.gpus_per_worker, resources=custom or None,
+                    num_cpus=pool.cpus_per_worker,
+                    num_gpus=pool.gpus_per_worker,
+                    resources=custom or None,
                     scheduling_strategy=strategy,
                 ).remote(f"{self.name}{rank}")
             )
@@ -846,14 +945,19 @@ class WorkerGroup:
         driver_node, driver_ip = _driver_node()
         nodes = {i.node_id for i in self.workers}
         # One host: every worker on the controller's node, or on nodes sharing its IP (several raylets on one machine).
-        local = (nodes == {driver_node}) or (driver_ip is not None and {i.node_ip for i in self.workers} == {driver_ip})
+        local = (nodes == {driver_node}) or (
+            driver_ip is not None and {i.node_ip for i in self.workers} == {driver_ip}
+        )
         master_addr = "127.0.0.1" if local else self.workers[0].node_ip
         master_port = ray.get(self._hosts[0].free_port.remote(master_addr), timeout=timeout)
-        for info, variables in zip(self.workers, torchrun_environment(self.workers, master_addr, master_port, local=local)):
+        for info, variables in zip(
+            self.workers, torchrun_environment(self.workers, master_addr, master_port, local=local)
+        ):
             info.env = {**self.env, **variables}
         refs = {
             host.setup.remote(
-                WorkerContext(self.name, info.rank, self.world_size, info.env, info.node_ip, info.gpu_ids), self.roles
+                WorkerContext(self.name, info.rank, self.world_size, info.env, info.node_ip, info.gpu_ids),
+                self.roles,
             ): info.rank
             for host, info in zip(self._hosts, self.workers)
         }
@@ -861,7 +965,9 @@ class WorkerGroup:
         GroupCall(self, f"starting {names}", refs, list).result(timeout=timeout)
         for role, spec in self.roles.items():
             if role is None:
-                self._methods = {n: GroupMethod(self, None, spec.cls, n, s) for n, s in _method_specs(spec.cls).items()}
+                self._methods = {
+                    n: GroupMethod(self, None, spec.cls, n, s) for n, s in _method_specs(spec.cls).items()
+                }
             else:
                 self._views[role] = RoleView(self, role, spec)
 
@@ -884,16 +990,23 @@ class WorkerGroup:
         if name.startswith("_"):
             raise AttributeError(name)
         if views:
-            raise AttributeError(f"group '{self.__dict__.get('name')}' has roles {', '.join(sorted(views))}: call group.ROLE.{name}(...)")
-        raise AttributeError(f"group '{self.__dict__.get('name')}' has no group method {name!r}; group methods: "
-                             f"{', '.join(sorted(methods)) or 'none'} (decorate a method with @group_method to call it on the group)")
+            raise AttributeError(
+                f"group '{self.__dict__.get('name')}' has roles {', '.join(sorted(views))}: call group.ROLE.{name}(...)"
+            )
+        raise AttributeError(
+            f"group '{self.__dict__.get('name')}' has no group method {name!r}; group methods: "
+            f"{', '.join(sorted(methods)) or 'none'} (decorate a method with @group_method to call it on the group)"
+        )
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(self._methods) | set(self._views))
 
     def _check_open(self, label: str) -> None:
         if self.closed or self._killed:  # killed: stopped after a failure or by kill()
-            raise RlcoreError(f"{label}: group '{self.name}' was shut down" + (f" (workers {sorted(self._dead)} died)" if self._dead else ""))
+            raise RlcoreError(
+                f"{label}: group '{self.name}' was shut down"
+                + (f" (workers {sorted(self._dead)} died)" if self._dead else "")
+            )
 
     # -- stopping
     def _count_lines(self, wait: float = 2.0) -> None:

@@ -15,7 +15,6 @@ import uuid
 from rlcore.errors import RlcoreError
 from rlcore.interfaces import LaunchRequest
 from rlcore.launching import driver_command, driver_manifest_path, write_driver_manifest
-
 from rlcore_launcher_ray.connect import check_reachable, import_ray, resolve_address
 from rlcore_launcher_ray.options import RayOptions
 
@@ -64,7 +63,9 @@ def submit_and_follow(options: RayOptions, request: LaunchRequest) -> int:
             "or RAY_ADDRESS (or drop job = true to start the ranks from this process)"
         )
     if not address.startswith(("http://", "https://")):
-        raise RlcoreError(f'job = true submits through the Jobs API: expected an address like "http://HEAD:8265", got {address!r}')
+        raise RlcoreError(
+            f'job = true submits through the Jobs API: expected an address like "http://HEAD:8265", got {address!r}'
+        )
     inner = job_request(options, request)
     job_dir = driver_manifest_path(request).parent / JOB_DIR
     entrypoint = job_entrypoint(options, inner)

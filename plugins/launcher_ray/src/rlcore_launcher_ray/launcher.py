@@ -9,7 +9,6 @@ from pathlib import Path
 from rlcore.errors import RlcoreError
 from rlcore.interfaces import LaunchRequest
 from rlcore.launching import driver_manifest_path, latest_checkpoint, write_driver_manifest
-
 from rlcore_launcher_ray.connect import check_reachable, import_ray, resolve_address
 from rlcore_launcher_ray.options import RayOptions
 
@@ -43,7 +42,9 @@ class RayLauncher:
         return self.run_workers(request)
 
     # ------------------------------------------------------------------ worker-group mode
-    def run_workers(self, request: LaunchRequest, target: str | None = None, kwargs: dict | None = None) -> int:
+    def run_workers(
+        self, request: LaunchRequest, target: str | None = None, kwargs: dict | None = None
+    ) -> int:
         """Start ``workers`` ranks on Ray and run the trainer (or ``target(**kwargs)``) on each."""
         options = self.options
         address = resolve_address(options.address)
@@ -61,7 +62,11 @@ class RayLauncher:
         if target is None:
             manifest_file = write_driver_manifest(request)
             target = TRAIN_TARGET
-            kwargs = {"manifest_file": str(manifest_file), "run_dir": str(request.run_dir), "resume": request.resume}
+            kwargs = {
+                "manifest_file": str(manifest_file),
+                "run_dir": str(request.run_dir),
+                "resume": request.resume,
+            }
         owns_ray = self._connect(ray, address)
         group = RankGroup(options, extra_env=_forwarded_env())
         try:
@@ -84,7 +89,11 @@ class RayLauncher:
             codes = {rank: (value if isinstance(value, int) else 0) for rank, value in results.items()}
             failed = {rank: code for rank, code in sorted(codes.items()) if code != 0}
             if failed:
-                _say("failed: " + ", ".join(f"rank {r} exited with {c}" for r, c in failed.items()) + f". {_resume_hint(request.run_dir)}")
+                _say(
+                    "failed: "
+                    + ", ".join(f"rank {r} exited with {c}" for r, c in failed.items())
+                    + f". {_resume_hint(request.run_dir)}"
+                )
                 return next(iter(failed.values()))
             return 0
         finally:
@@ -101,7 +110,9 @@ class RayLauncher:
             check_reachable(address, self.options.connect_timeout)
             _say(f"connecting to the Ray cluster at {address}")
             try:
-                ray.init(address=address, runtime_env=runtime_env, logging_level="WARNING", log_to_driver=True)
+                ray.init(
+                    address=address, runtime_env=runtime_env, logging_level="WARNING", log_to_driver=True
+                )
             except ConnectionError as exc:
                 raise RlcoreError(f"cannot connect to the Ray cluster at {address}: {exc}") from None
         else:
@@ -121,8 +132,16 @@ class RayLauncher:
 def _forwarded_env() -> dict[str, str]:
     """Settings of this process that the ranks should share (log level, thread count, debugger:
     docs/debugging.md)."""
-    names = ("RLCORE_LOG_LEVEL", "OMP_NUM_THREADS", "RLCORE_DIST_TIMEOUT_S", "RAY_DEBUG", "RAY_DEBUG_POST_MORTEM",
-             "RLCORE_DEBUG_RANK", "RLCORE_DEBUG_PORT", "RLCORE_DEBUG_DIR")
+    names = (
+        "RLCORE_LOG_LEVEL",
+        "OMP_NUM_THREADS",
+        "RLCORE_DIST_TIMEOUT_S",
+        "RAY_DEBUG",
+        "RAY_DEBUG_POST_MORTEM",
+        "RLCORE_DEBUG_RANK",
+        "RLCORE_DEBUG_PORT",
+        "RLCORE_DEBUG_DIR",
+    )
     return {name: os.environ[name] for name in names if name in os.environ}
 
 

@@ -92,7 +92,7 @@ class _Filter:
                 if seq < self.next_seq.get(token, 0):
                     continue  # a second log monitor publishing the same file
                 self.next_seq[token] = seq + 1
-                kept.append(line[match.end():])
+                kept.append(line[match.end() :])
             self.received[(str(data.get("pid")), bool(data.get("is_err")))] += len(kept)
             self.last = time.monotonic()
             self.changed.notify_all()
@@ -106,7 +106,11 @@ def _dispatcher():
         from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
     except ImportError:  # pragma: no cover - a Ray that moved it: no filter, no drain
         return None
-    ok = hasattr(dispatcher, "handlers") and hasattr(dispatcher, "add_handler") and hasattr(dispatcher, "remove_handler")
+    ok = (
+        hasattr(dispatcher, "handlers")
+        and hasattr(dispatcher, "add_handler")
+        and hasattr(dispatcher, "remove_handler")
+    )
     return dispatcher if ok else None
 
 
@@ -146,7 +150,9 @@ class OutputDrain:
     def __exit__(self, *exc: object) -> None:
         pass  # the filter stays: it passes unmarked lines as they are, and goes with Ray's handler
 
-    def wait(self, written: dict[tuple[str, bool], int], *, timeout: float = 30.0, quiet: float = 0.5) -> bool:
+    def wait(
+        self, written: dict[tuple[str, bool], int], *, timeout: float = 30.0, quiet: float = 0.5
+    ) -> bool:
         """Wait until every count in ``written`` arrived, then until ``quiet`` seconds pass with
         nothing new (for what was not counted: a rank that died, output of C code or subprocesses).
         True when everything counted arrived within ``timeout``."""

@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rlcore.errors import RlcoreError
 from rlcore.launching import run_driver_manifest
 from rlcore.targets import load_target
-
 from rlcore_launcher_ray.group import (
     ResourcePool,
     Worker,
@@ -58,7 +58,11 @@ class RankWorker(Worker):
             from loguru import logger
 
             logger.remove()
-            logger.add(sys.stderr, level=os.environ.get("RLCORE_LOG_LEVEL", "INFO"), format="{time:HH:mm:ss} {level: <7} {message}")
+            logger.add(
+                sys.stderr,
+                level=os.environ.get("RLCORE_LOG_LEVEL", "INFO"),
+                format="{time:HH:mm:ss} {level: <7} {message}",
+            )
         except ImportError:  # pragma: no cover - loguru is a dependency of rlcore
             pass
         return _resolve(target)(**kwargs)
@@ -98,7 +102,11 @@ class RankGroup:
 
     def start(self) -> list[WorkerInfo]:
         self.group = WorkerGroup(
-            pool_for(self.options), RankWorker, name=NOUN, env=self.extra_env, failure_grace=self.options.failure_grace,
+            pool_for(self.options),
+            RankWorker,
+            name=NOUN,
+            env=self.extra_env,
+            failure_grace=self.options.failure_grace,
             start_timeout=max(60.0, self.options.placement_timeout),
         )
         self.infos = self.group.workers
@@ -111,7 +119,9 @@ class RankGroup:
         tmp.write_text(json.dumps([asdict(i) for i in self.infos], indent=1), encoding="utf-8")
         tmp.replace(path)
 
-    def run(self, target: str | Callable[..., Any], kwargs: dict[str, Any], *, poll: float = 1.0) -> dict[int, Any]:
+    def run(
+        self, target: str | Callable[..., Any], kwargs: dict[str, Any], *, poll: float = 1.0
+    ) -> dict[int, Any]:
         """Run ``target(**kwargs)`` on every rank; return each rank's result.
 
         When a rank dies or raises, or returns a non-zero exit code, the others get ``failure_grace``
@@ -138,7 +148,9 @@ class RankGroup:
                 error = RlcoreError(f"rank {failure.rank}: {failure.error}")
                 error.exit_code = failure.error.exit_code
                 return error
-        fatal = WorkerFailure("", [f for f in exc.failures if f.kind != "returned"], exc.results, exc.stopped, NOUN)
+        fatal = WorkerFailure(
+            "", [f for f in exc.failures if f.kind != "returned"], exc.results, exc.stopped, NOUN
+        )
         return RankFailure(fatal.details() + ". The other ranks were stopped.")
 
     def kill(self) -> None:

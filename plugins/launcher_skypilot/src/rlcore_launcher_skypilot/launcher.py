@@ -10,7 +10,6 @@ import rlcore
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import BuildContext, LaunchRequest
 from rlcore.launching import write_driver_manifest
-
 from rlcore_launcher_skypilot.options import SkyPilotOptions
 from rlcore_launcher_skypilot.states import outcome, state_of_exit_code
 from rlcore_launcher_skypilot.task import cluster_name, remote_run_dir, render, to_yaml
@@ -32,25 +31,37 @@ def import_sky():
 class SkyPilotLauncher:
     def __init__(self, options: SkyPilotOptions, plugins: dict[str, dict] | None = None):
         self.options = options
-        self.plugins = plugins or {}  # role -> {name, distribution, version}: the resolved manifest's [plugins]
+        self.plugins = (
+            plugins or {}
+        )  # role -> {name, distribution, version}: the resolved manifest's [plugins]
 
     def task(self, request: LaunchRequest) -> dict:
         return render(self.options, request, self.plugins, rlcore.__version__)
 
     def task_yaml(self, request: LaunchRequest) -> str:
         name = cluster_name(self.options, request)
-        how = (f"sky jobs launch -n {name} THIS_FILE" if self.options.managed else f"sky launch -c {name} THIS_FILE")
-        header = (f"# rlcore run {request.resolved_manifest.get('run', {}).get('name', '')}: rendered by "
-                  f"rlcore-launcher-skypilot.\n# Launch with: {how} (rlcore run does, and follows the job).\n")
+        how = (
+            f"sky jobs launch -n {name} THIS_FILE"
+            if self.options.managed
+            else f"sky launch -c {name} THIS_FILE"
+        )
+        header = (
+            f"# rlcore run {request.resolved_manifest.get('run', {}).get('name', '')}: rendered by "
+            f"rlcore-launcher-skypilot.\n# Launch with: {how} (rlcore run does, and follows the job).\n"
+        )
         return to_yaml(self.task(request), header)
 
     def _warnings(self, request: LaunchRequest) -> None:
         run_dir = remote_run_dir(self.options, request)
-        mounted = any(run_dir == node or run_dir.startswith(node.rstrip("/") + "/") for node in self.options.file_mounts)
+        mounted = any(
+            run_dir == node or run_dir.startswith(node.rstrip("/") + "/") for node in self.options.file_mounts
+        )
         if self.options.nodes > 1 and not mounted:
-            _say(f"warning: {self.options.nodes} nodes and the run directory {run_dir} is on no file mount: each node "
-                 "writes its ranks' part of every checkpoint to its own disk, and --resume needs them together. "
-                 "Put remote_run_dir under a bucket in file_mounts.")
+            _say(
+                f"warning: {self.options.nodes} nodes and the run directory {run_dir} is on no file mount: each node "
+                "writes its ranks' part of every checkpoint to its own disk, and --resume needs them together. "
+                "Put remote_run_dir under a bucket in file_mounts."
+            )
 
     def launch(self, request: LaunchRequest) -> int:
         text = self.task_yaml(request)  # renders first: a bad manifest path is an error before anything else
@@ -72,10 +83,14 @@ class SkyPilotLauncher:
 
     def _cluster(self, sky, task, name: str, task_file: Path) -> int:
         _say(f"launching {task_file} on cluster {name}")
-        job_id, _handle = sky.stream_and_get(sky.launch(
-            task, cluster_name=name, idle_minutes_to_autostop=self.options.idle_minutes_to_autostop,
-            down=self.options.down,
-        ))
+        job_id, _handle = sky.stream_and_get(
+            sky.launch(
+                task,
+                cluster_name=name,
+                idle_minutes_to_autostop=self.options.idle_minutes_to_autostop,
+                down=self.options.down,
+            )
+        )
         if job_id is None:
             raise RlcoreError(f"SkyPilot launched cluster {name} but started no job (see `sky queue {name}`)")
         _say(f"job {job_id} on cluster {name}; following its log (Ctrl-C cancels the job)")
@@ -95,7 +110,9 @@ class SkyPilotLauncher:
         if isinstance(job_id, list):  # newer SkyPilot returns the ids of a job group
             job_id = job_id[0] if job_id else None
         if job_id is None:
-            raise RlcoreError(f"SkyPilot accepted managed job {name} but returned no job id (see `sky jobs queue`)")
+            raise RlcoreError(
+                f"SkyPilot accepted managed job {name} but returned no job id (see `sky jobs queue`)"
+            )
         _say(f"managed job {job_id}; following its log (Ctrl-C cancels the job)")
         try:
             code = sky.jobs.tail_logs(job_id=job_id, follow=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import rlcore
 from rlcore.components import Component
-
 from rlcore_launcher_skypilot.options import SkyPilotOptions
 
 

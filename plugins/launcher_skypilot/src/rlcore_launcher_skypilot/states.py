@@ -7,7 +7,10 @@ from __future__ import annotations
 OUTCOMES: dict[str, tuple[int, str]] = {
     "SUCCEEDED": (0, "the job succeeded"),
     "FAILED": (1, "a rank failed (see the log above: the run script names it)"),
-    "FAILED_SETUP": (1, "setup failed: installing rlcore or the plugins on the nodes ([launcher] install, pip_extra, setup_extra)"),
+    "FAILED_SETUP": (
+        1,
+        "setup failed: installing rlcore or the plugins on the nodes ([launcher] install, pip_extra, setup_extra)",
+    ),
     "FAILED_DRIVER": (1, "SkyPilot's job driver failed on the cluster"),
     "FAILED_PRECHECKS": (1, "the managed job failed SkyPilot's checks before it started"),
     "FAILED_NO_RESOURCE": (1, "no cloud had the resources the task asks for"),

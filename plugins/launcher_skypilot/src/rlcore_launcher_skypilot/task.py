@@ -27,7 +27,6 @@ import yaml
 from rlcore.errors import UsageError
 from rlcore.interfaces import LaunchRequest
 from rlcore.launching import driver_command
-
 from rlcore_launcher_skypilot.options import SkyPilotOptions
 
 PREFIX = "rlcore-"
@@ -114,7 +113,12 @@ def _home(value: str) -> str:
 
 def _local_only(value: str) -> str | None:
     """The local path in ``value`` (a path, or ``NAME:PATH[:function]``) when it exists here only."""
-    for candidate in (value, value.partition(":")[2], value.partition(":")[2].rpartition(":")[0], value.rpartition(":")[0]):
+    for candidate in (
+        value,
+        value.partition(":")[2],
+        value.partition(":")[2].rpartition(":")[0],
+        value.rpartition(":")[0],
+    ):
         if candidate.startswith("/") and Path(candidate).exists():
             return candidate
     return None
@@ -165,7 +169,11 @@ def run_distributions(plugins: dict[str, dict]) -> dict[str, str]:
     out: dict[str, str] = {}
     for role, entry in sorted(plugins.items()):
         dist = entry.get("distribution") or ""
-        if not dist or _normal(dist) in ("rlcore", "rlcore-launcher-skypilot") or role.startswith("launcher."):
+        if (
+            not dist
+            or _normal(dist) in ("rlcore", "rlcore-launcher-skypilot")
+            or role.startswith("launcher.")
+        ):
             continue
         out[dist] = str(entry.get("version") or "")
     return out
@@ -176,7 +184,11 @@ def workdir_projects(workdir: str) -> dict[str, str]:
     from the pyproject.toml files at most two levels down."""
     root = Path(workdir).expanduser().resolve()
     found: dict[str, str] = {}
-    for pyproject in [root / "pyproject.toml", *sorted(root.glob("*/pyproject.toml")), *sorted(root.glob("*/*/pyproject.toml"))]:
+    for pyproject in [
+        root / "pyproject.toml",
+        *sorted(root.glob("*/pyproject.toml")),
+        *sorted(root.glob("*/*/pyproject.toml")),
+    ]:
         if not pyproject.is_file():
             continue
         try:
@@ -194,7 +206,9 @@ def setup_script(options: SkyPilotOptions, distributions: dict[str, str], rlcore
         lines.append(f"cd {_shell_path(REMOTE_WORKDIR)}")
     install: list[str] = []
     if options.install == "pip":
-        lines.append("# rlcore and the plugins the run uses, at the versions `rlcore run` found on the launching machine.")
+        lines.append(
+            "# rlcore and the plugins the run uses, at the versions `rlcore run` found on the launching machine."
+        )
         install = [f"rlcore[train]=={rlcore_version}"] + [
             f"{dist}=={version}" if version else dist for dist, version in distributions.items()
         ]
@@ -230,7 +244,9 @@ def _argv(argv: list[str]) -> str:
 def run_script(options: SkyPilotOptions, request: LaunchRequest, manifest: dict[str, Any], name: str) -> str:
     toml = tomli_w.dumps(manifest)
     if any(line.strip() == MANIFEST_EOF for line in toml.splitlines()):
-        raise UsageError(f"the manifest holds a line {MANIFEST_EOF!r}, which ends the run script's copy of it")
+        raise UsageError(
+            f"the manifest holds a line {MANIFEST_EOF!r}, which ends the run script's copy of it"
+        )
     driver = driver_command(dataclasses.replace(request, run_dir=_RUN_DIR), _MANIFEST, python=_PYTHON)
     ranks = str(options.ranks_per_node) if options.ranks_per_node else "${SKYPILOT_NUM_GPUS_PER_NODE:-0}"
     lines = [
@@ -250,8 +266,8 @@ def run_script(options: SkyPilotOptions, request: LaunchRequest, manifest: dict[
         f"MASTER_PORT={options.master_port}",
         f"RLCORE_RANKS={ranks}",
         '[ "$RLCORE_RANKS" -ge 1 ] || RLCORE_RANKS=1',
-        'NODE_RANK=$SKYPILOT_NODE_RANK GROUP_RANK=$SKYPILOT_NODE_RANK LOCAL_WORLD_SIZE=$RLCORE_RANKS',
-        'WORLD_SIZE=$((SKYPILOT_NUM_NODES * RLCORE_RANKS))',
+        "NODE_RANK=$SKYPILOT_NODE_RANK GROUP_RANK=$SKYPILOT_NODE_RANK LOCAL_WORLD_SIZE=$RLCORE_RANKS",
+        "WORLD_SIZE=$((SKYPILOT_NUM_NODES * RLCORE_RANKS))",
         "export MASTER_ADDR MASTER_PORT NODE_RANK GROUP_RANK LOCAL_WORLD_SIZE WORLD_SIZE",
         "# CPU threads per rank, unless [launcher] env sets them: one with several ranks on a node, as torchrun does.",
         '[ "$RLCORE_RANKS" -gt 1 ] && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}',
@@ -271,19 +287,19 @@ def run_script(options: SkyPilotOptions, request: LaunchRequest, manifest: dict[
         'echo "[rlcore] node $NODE_RANK of $SKYPILOT_NUM_NODES: $RLCORE_RANKS rank(s) of $WORLD_SIZE; rendezvous at $MASTER_ADDR:$MASTER_PORT"',
         "# One rank per process group, so that a failure stops all of a rank's processes.",
         "RLCORE_PIDS=()",
-        'for ((i = 0; i < RLCORE_RANKS; i++)); do',
+        "for ((i = 0; i < RLCORE_RANKS; i++)); do",
         '  RANK=$((NODE_RANK * RLCORE_RANKS + i)) LOCAL_RANK=$i setsid bash -c "$RLCORE_RANK_SH" rlcore-rank "${RLCORE_DRIVER[@]}" &',
-        '  RLCORE_PIDS+=($!)',
+        "  RLCORE_PIDS+=($!)",
         "done",
         "# The first rank to fail ends the node's others (they would wait in a collective until a timeout).",
         "status=0",
         'for _ in "${RLCORE_PIDS[@]}"; do',
-        '  wait -n; code=$?',
+        "  wait -n; code=$?",
         '  if [ "$code" -ne 0 ]; then',
-        '    status=$code',
+        "    status=$code",
         '    echo "[rlcore] a rank failed: stopping the other ranks of node $NODE_RANK" >&2',
         '    for pid in "${RLCORE_PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null; done',
-        '    for _ in $(seq 50); do',  # up to 5 s for the trainers to stop on TERM, then KILL
+        "    for _ in $(seq 50); do",  # up to 5 s for the trainers to stop on TERM, then KILL
         '      alive=0; for pid in "${RLCORE_PIDS[@]}"; do kill -0 -- "-$pid" 2>/dev/null && alive=1; done',
         '      [ "$alive" -eq 0 ] && break; sleep 0.1',
         "    done",
@@ -304,11 +320,23 @@ def run_script(options: SkyPilotOptions, request: LaunchRequest, manifest: dict[
 # ----------------------------------------------------------------------------- the task
 
 
-def render(options: SkyPilotOptions, request: LaunchRequest, plugins: dict[str, dict], rlcore_version: str) -> dict[str, Any]:
+def render(
+    options: SkyPilotOptions, request: LaunchRequest, plugins: dict[str, dict], rlcore_version: str
+) -> dict[str, Any]:
     """The SkyPilot task (the dict ``sky.Task.from_yaml_config`` takes) that runs ``request``."""
     name = cluster_name(options, request)
     resources: dict[str, Any] = {}
-    for key in ("cloud", "region", "zone", "instance_type", "accelerators", "cpus", "memory", "disk_size", "image_id"):
+    for key in (
+        "cloud",
+        "region",
+        "zone",
+        "instance_type",
+        "accelerators",
+        "cpus",
+        "memory",
+        "disk_size",
+        "image_id",
+    ):
         value = getattr(options, key)
         if value is not None:
             resources[key] = value
@@ -321,7 +349,9 @@ def render(options: SkyPilotOptions, request: LaunchRequest, plugins: dict[str, 
         task["workdir"] = str(Path(options.workdir).expanduser().resolve())
     if options.file_mounts:
         task["file_mounts"] = {
-            node: (str(Path(src).expanduser().resolve()) if isinstance(src, str) and not _URL.match(src) else src)
+            node: (
+                str(Path(src).expanduser().resolve()) if isinstance(src, str) and not _URL.match(src) else src
+            )
             for node, src in options.file_mounts.items()
         }
     if options.env:
@@ -344,5 +374,7 @@ _Dumper.add_representer(str, _str)
 
 
 def to_yaml(task: dict[str, Any], header: str = "") -> str:
-    body = yaml.dump(task, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=4096)
+    body = yaml.dump(
+        task, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=4096
+    )
     return header + body

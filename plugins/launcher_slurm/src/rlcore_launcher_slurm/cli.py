@@ -9,13 +9,14 @@ import argparse
 import json
 
 from rlcore.errors import UsageError
-
 from rlcore_launcher_slurm import slurm
 from rlcore_launcher_slurm.script import COMMENT, JOB_PREFIX
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--all", action="store_true", help="include finished jobs the controller still remembers")
+    parser.add_argument(
+        "--all", action="store_true", help="include finished jobs the controller still remembers"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--user", help="only this user's jobs (default: every user's)")
     sub = parser.add_subparsers(dest="jobs_action", metavar="ACTION")

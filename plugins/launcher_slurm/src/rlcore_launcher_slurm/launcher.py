@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import sys
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -11,7 +11,6 @@ from pathlib import Path
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import LaunchRequest
 from rlcore.launching import driver_command, driver_manifest_path, run_dir_problems, write_driver_manifest
-
 from rlcore_launcher_slurm import slurm
 from rlcore_launcher_slurm.follow import LogFollower
 from rlcore_launcher_slurm.options import SlurmOptions
@@ -131,8 +130,10 @@ def _on_sigterm(job_id: str, log: str | Path):
         return None
 
     def stop(signum, frame):
-        _say(f"the follower got SIGTERM and stops following; job {job_id} keeps running (log: {log}). "
-             f"`rlcore jobs` lists it, `rlcore jobs cancel {job_id}` stops it.")
+        _say(
+            f"the follower got SIGTERM and stops following; job {job_id} keeps running (log: {log}). "
+            f"`rlcore jobs` lists it, `rlcore jobs cancel {job_id}` stops it."
+        )
         raise _FollowerStopped()
 
     return signal.signal(signal.SIGTERM, stop)

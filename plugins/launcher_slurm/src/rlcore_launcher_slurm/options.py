@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import re
+
 from pydantic import Field, field_validator, model_validator
 
 from rlcore.components import Options
 
 # sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 # days-hours:minutes, days-hours:minutes:seconds, or UNLIMITED / INFINITE.
-_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2}|UNLIMITED|INFINITE)$")
+_TIME = re.compile(
+    r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2}|UNLIMITED|INFINITE)$"
+)
 _MEM = re.compile(r"^\d+[KMGT]?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SBATCH_LONG = re.compile(r"^--[a-z][a-z0-9-]*(=.*)?$|^-[A-Za-z]( .*)?$")
@@ -34,10 +37,14 @@ def time_limit_seconds(value: str | None) -> int | None:
 class SlurmOptions(Options):
     """How to ask SLURM for resources and what to run inside the allocation."""
 
-    nodes: int = Field(1, ge=1, le=4096, description="nodes in the allocation; every node runs ranks_per_node training ranks")
+    nodes: int = Field(
+        1, ge=1, le=4096, description="nodes in the allocation; every node runs ranks_per_node training ranks"
+    )
     gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node (--gpus-per-node); 0 asks for none")
     ranks_per_node: int | None = Field(
-        None, ge=1, le=256,
+        None,
+        ge=1,
+        le=256,
         description="training ranks (SLURM tasks) per node: default one per GPU, or 1 without GPUs; "
         "on CPU each rank is a process with its own share of the node's cores (cpus_per_task)",
     )
@@ -45,10 +52,13 @@ class SlurmOptions(Options):
         None, ge=1, le=4096, description="CPUs for each rank (--cpus-per-task); default: SLURM's"
     )
     mem: str | None = Field(None, description='memory per node, e.g. "64G" or "0" for all of it (--mem)')
-    partition: str | None = Field(None, description="the partition (default: the cluster's default partition)")
+    partition: str | None = Field(
+        None, description="the partition (default: the cluster's default partition)"
+    )
     account: str | None = Field(None, description="the account to charge (--account)")
     time: str | None = Field(
-        None, description='time limit, SLURM syntax: "30", "4:00:00", "1-12:00:00" (default: the partition\'s)'
+        None,
+        description='time limit, SLURM syntax: "30", "4:00:00", "1-12:00:00" (default: the partition\'s)',
     )
     container: str | None = Field(
         None, description="an Apptainer/Singularity image: every command of the job runs inside it"
@@ -62,31 +72,43 @@ class SlurmOptions(Options):
         "and GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME name it (default: the first node's address toward the default route)",
     )
     master_port: int | None = Field(
-        None, ge=1024, le=65535,
+        None,
+        ge=1024,
+        le=65535,
         description="the rendezvous port on the first node (MASTER_PORT; default: a port free there when the job starts)",
     )
     stop_signal_s: int = Field(
-        120, ge=0, le=86400,
+        120,
+        ge=0,
+        le=86400,
         description="seconds before the time limit when SLURM sends the job SIGUSR1 (sbatch --signal=B:USR1@N), "
         "so the driver finishes its step and writes a checkpoint; 0 leaves only SLURM's SIGTERM at the limit",
     )
     sbatch_extra: list[str] = Field(
-        default_factory=list, description='extra sbatch options, one per item: "--qos=high" or "#SBATCH --qos=high"'
+        default_factory=list,
+        description='extra sbatch options, one per item: "--qos=high" or "#SBATCH --qos=high"',
     )
     env: dict[str, str] = Field(default_factory=dict, description="environment variables set in the job")
     python: str | None = Field(
         None, description="the Python interpreter on the nodes (default: the one running rlcore now)"
     )
-    poll_interval: float = Field(2.0, gt=0, le=300, description="seconds between job state checks while following")
+    poll_interval: float = Field(
+        2.0, gt=0, le=300, description="seconds between job state checks while following"
+    )
     job_name: str | None = Field(
-        None, min_length=1, max_length=100, description='the job name after the "rlcore-" prefix (default: the run name)'
+        None,
+        min_length=1,
+        max_length=100,
+        description='the job name after the "rlcore-" prefix (default: the run name)',
     )
 
     @field_validator("mem")
     @classmethod
     def _mem(cls, value: str | None) -> str | None:
         if value is not None and not _MEM.match(value.strip()):
-            raise ValueError(f'expected a size like "64G", "512M" or "0" (all of the node\'s memory), got {value!r}')
+            raise ValueError(
+                f'expected a size like "64G", "512M" or "0" (all of the node\'s memory), got {value!r}'
+            )
         return None if value is None else value.strip()
 
     @field_validator("time")
@@ -125,12 +147,14 @@ class SlurmOptions(Options):
             if option.startswith("#SBATCH"):
                 option = option[len("#SBATCH") :].strip()
             if not _SBATCH_LONG.match(option):
-                raise ValueError(f'expected an sbatch option such as "--qos=high" or "#SBATCH --qos=high", got {item!r}')
+                raise ValueError(
+                    f'expected an sbatch option such as "--qos=high" or "#SBATCH --qos=high", got {item!r}'
+                )
             lines.append(option)
         return lines
 
     @model_validator(mode="after")
-    def _ranks_fit_the_gpus(self) -> "SlurmOptions":
+    def _ranks_fit_the_gpus(self) -> SlurmOptions:
         if self.gpus_per_node and self.ranks_per_node and self.ranks_per_node > self.gpus_per_node:
             raise ValueError(
                 f"ranks_per_node = {self.ranks_per_node} is more than gpus_per_node = {self.gpus_per_node}: "

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import rlcore
 from rlcore.components import Command, Component
-
 from rlcore_launcher_slurm.options import SlurmOptions
 
 

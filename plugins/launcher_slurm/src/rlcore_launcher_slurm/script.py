@@ -12,8 +12,8 @@ step when one fails, and the rank's wrapper names it.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from rlcore_launcher_slurm.options import SlurmOptions, time_limit_seconds
 
@@ -135,7 +135,9 @@ def render(
         # finish their step and checkpoint (rlcore/trainer/stopping.py); `--resume` continues.
         lines.append(_directive("--signal", f"B:USR1@{options.stop_signal_s}"))
     elif options.stop_signal_s:
-        lines.append(f"# No --signal: stop_signal_s = {options.stop_signal_s} is not below the time limit ({limit} s).")
+        lines.append(
+            f"# No --signal: stop_signal_s = {options.stop_signal_s} is not below the time limit ({limit} s)."
+        )
     lines += [
         _directive("--output", log_file(run_dir)),
         _directive("--chdir", run_dir),
@@ -202,8 +204,8 @@ def render(
         '"${RLCORE_SRUN[@]}" "${RLCORE_WRAP[@]}" bash -c "$RLCORE_RANK_SH" rlcore-rank "${RLCORE_DRIVER[@]}" &',
         "RLCORE_SRUN_PID=$!",
         'trap \'echo "[rlcore] USR1 received: every rank finishes its step, writes a checkpoint and stops"; kill -s USR1 "$RLCORE_SRUN_PID" 2>/dev/null\' USR1',
-        'trap \'echo "[rlcore] TERM received: every rank got it too; they finish the step and checkpoint if SLURM gives them the time (KillWait)"\' TERM',
-        'while true; do',
+        "trap 'echo \"[rlcore] TERM received: every rank got it too; they finish the step and checkpoint if SLURM gives them the time (KillWait)\"' TERM",
+        "while true; do",
         '  wait "$RLCORE_SRUN_PID"; status=$?',
         '  if ! kill -0 "$RLCORE_SRUN_PID" 2>/dev/null; then',
         '    wait "$RLCORE_SRUN_PID" 2>/dev/null; reaped=$?; [ "$reaped" -ne 127 ] && status=$reaped',
@@ -211,7 +213,7 @@ def render(
         "  fi",
         "done",
         "set -e",
-        '# Ranks that stopped for a signal (with a checkpoint) exited 0 for srun; the job exits with their status.',
+        "# Ranks that stopped for a signal (with a checkpoint) exited 0 for srun; the job exits with their status.",
         'if [ "$status" -eq 0 ] && [ -f "$RLCORE_STOPPED_FILE" ]; then status=$(cat "$RLCORE_STOPPED_FILE"); fi',
         'rm -f "$RLCORE_STOPPED_FILE"',
         'echo "[rlcore] ranks exited with status $status"',

@@ -77,14 +77,18 @@ def _run(argv: list[str], *, timeout: float = 60) -> subprocess.CompletedProcess
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
-        raise RlcoreError(f"{' '.join(argv)} did not answer within {timeout:.0f} s; is slurmctld reachable?") from exc
+        raise RlcoreError(
+            f"{' '.join(argv)} did not answer within {timeout:.0f} s; is slurmctld reachable?"
+        ) from exc
 
 
 def partitions() -> list[str]:
     """The cluster's partition names."""
     proc = _run(["sinfo", "--noheader", "--format=%R"])
     if proc.returncode != 0:
-        raise RlcoreError(f"sinfo failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+        raise RlcoreError(
+            f"sinfo failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}"
+        )
     return sorted({line.strip() for line in proc.stdout.splitlines() if line.strip()})
 
 
@@ -193,12 +197,16 @@ def _from_scontrol(job_id: str) -> JobStatus | None:
 def _from_sacct(job_id: str) -> JobStatus | None:
     if shutil.which("sacct") is None:
         return None
-    proc = _run(["sacct", "-j", job_id, "-X", "--noheader", "--parsable2", "--format=State,ExitCode,JobName,NodeList"])
+    proc = _run(
+        ["sacct", "-j", job_id, "-X", "--noheader", "--parsable2", "--format=State,ExitCode,JobName,NodeList"]
+    )
     if proc.returncode != 0 or not proc.stdout.strip():
         return None  # accounting disabled, or the job is unknown to it
     state, exit_code, name, nodes = (proc.stdout.strip().splitlines()[0].split("|") + ["", "", "", ""])[:4]
     code, sig = _exit_pair(exit_code)
-    return JobStatus(job_id=job_id, state=state.split()[0], exit_code=code, signal=sig, name=name, nodes=nodes)
+    return JobStatus(
+        job_id=job_id, state=state.split()[0], exit_code=code, signal=sig, name=name, nodes=nodes
+    )
 
 
 def job_status(job_id: str) -> JobStatus:

@@ -22,7 +22,9 @@ from rlcore.interfaces import EvalPolicy, SamplingParams
 class RlcoreLM(LM):
     """An lm-eval model over an :class:`rlcore.interfaces.EvalPolicy`."""
 
-    def __init__(self, policy: EvalPolicy, *, batch_size: int = 32, max_gen_toks: int = 256, seed: int = 0) -> None:
+    def __init__(
+        self, policy: EvalPolicy, *, batch_size: int = 32, max_gen_toks: int = 256, seed: int = 0
+    ) -> None:
         super().__init__()
         self.policy = policy
         self.tok = policy.tokenizer
@@ -45,7 +47,7 @@ class RlcoreLM(LM):
             context, continuation = context[:-spaces], context[-spaces:] + continuation
         whole = self.encode(context + continuation)
         head = self.encode(context)
-        return head, whole[len(head):]
+        return head, whole[len(head) :]
 
     # ------------------------------------------------------------------ lm-eval's requests
 
@@ -64,7 +66,9 @@ class RlcoreLM(LM):
             (text,) = request.args
             windows = [
                 make_disjoint_window(w)
-                for w in get_rolling_token_windows(self.encode(text), self.prefix_token, self.policy.max_length, 1)
+                for w in get_rolling_token_windows(
+                    self.encode(text), self.prefix_token, self.policy.max_length, 1
+                )
             ]
             total = sum(logp for logp, _ in self.policy.loglikelihood(windows)) if windows else 0.0
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
@@ -84,12 +88,17 @@ class RlcoreLM(LM):
             sample = bool(kwargs.pop("do_sample", False))
             temperature = float(kwargs.pop("temperature", 0.0)) if sample else 0.0
             params = SamplingParams(
-                n=1, temperature=temperature, max_new_tokens=max_new, top_p=float(kwargs.pop("top_p", 1.0) or 1.0),
-                stop=until, stop_token_ids=[self.eos] if self.eos is not None else [], seed=self.seed,
+                n=1,
+                temperature=temperature,
+                max_new_tokens=max_new,
+                top_p=float(kwargs.pop("top_p", 1.0) or 1.0),
+                stop=until,
+                stop_token_ids=[self.eos] if self.eos is not None else [],
+                seed=self.seed,
             )
             room = max(1, self.policy.max_length - max_new)
             for start in range(0, len(indices), self.batch_size):
-                chunk = indices[start:start + self.batch_size]
+                chunk = indices[start : start + self.batch_size]
                 prompts = [self.encode(requests[i].args[0])[-room:] for i in chunk]
                 for i, ids in zip(chunk, self.policy.generate(prompts, params)):
                     text = self.tok.decode(ids, skip_special_tokens=True)
@@ -109,9 +118,15 @@ class RlcoreLM(LM):
     def chat_template(self, chat_template: bool | str = False) -> str | None:
         return getattr(self.tok, "chat_template", None) or ""
 
-    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        return self.tok.apply_chat_template(chat_history, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                            continue_final_message=not add_generation_prompt)
+    def apply_chat_template(
+        self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        return self.tok.apply_chat_template(
+            chat_history,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=not add_generation_prompt,
+        )
 
 
 class LmEvalHarness:
@@ -126,15 +141,21 @@ class LmEvalHarness:
         if include is not None and not Path(include).is_dir():
             raise UsageError(f"--harness-option include_path: {include!r} is not a directory of task YAMLs")
         if include is None and not options.include_defaults:
-            raise UsageError("--harness-option include_defaults=false needs include_path (a directory of task YAMLs)")
+            raise UsageError(
+                "--harness-option include_defaults=false needs include_path (a directory of task YAMLs)"
+            )
         self.tasks = TaskManager(include_path=include, include_defaults=options.include_defaults)
         known = set(self.tasks.all_tasks)  # tasks, groups and tags
         missing = [t for t in options.tasks if t not in known]
         if missing:
-            hints = [f"{t!r}" + (f" (did you mean {h!r}?)" if (h := did_you_mean(t, known)) else "") for t in missing]
+            hints = [
+                f"{t!r}" + (f" (did you mean {h!r}?)" if (h := did_you_mean(t, known)) else "")
+                for t in missing
+            ]
             raise UsageError(
                 f"--tasks: lm-eval knows no task {', '.join(hints)}; it has {len(known)} tasks and groups "
-                f"(`lm-eval ls tasks` lists them)" + ("" if include else "; give your own with --harness-option include_path=DIR")
+                f"(`lm-eval ls tasks` lists them)"
+                + ("" if include else "; give your own with --harness-option include_path=DIR")
             )
 
     def run(self, policy: EvalPolicy, output_dir: str) -> dict[str, Any]:
@@ -145,12 +166,22 @@ class LmEvalHarness:
         model = RlcoreLM(policy, batch_size=o.batch_size, max_gen_toks=o.max_gen_toks, seed=o.seed)
         limit = None if o.limit is None else (int(o.limit) if o.limit >= 1 else o.limit)
         results = lm_eval.simple_evaluate(
-            model=model, tasks=list(o.tasks), num_fewshot=o.num_fewshot, limit=limit, task_manager=self.tasks,
-            log_samples=o.log_samples, apply_chat_template=o.apply_chat_template,
+            model=model,
+            tasks=list(o.tasks),
+            num_fewshot=o.num_fewshot,
+            limit=limit,
+            task_manager=self.tasks,
+            log_samples=o.log_samples,
+            apply_chat_template=o.apply_chat_template,
             fewshot_as_multiturn=o.fewshot_as_multiturn and o.apply_chat_template,
-            system_instruction=o.system_instruction, random_seed=o.seed, numpy_random_seed=o.seed,
-            torch_random_seed=o.seed, fewshot_random_seed=o.seed, confirm_run_unsafe_code=o.confirm_run_unsafe_code,
-            metadata=o.metadata or None, bootstrap_iters=0,
+            system_instruction=o.system_instruction,
+            random_seed=o.seed,
+            numpy_random_seed=o.seed,
+            torch_random_seed=o.seed,
+            fewshot_random_seed=o.seed,
+            confirm_run_unsafe_code=o.confirm_run_unsafe_code,
+            metadata=o.metadata or None,
+            bootstrap_iters=0,
         )
         out = Path(output_dir)
         samples = results.pop("samples", None) or {}

@@ -11,8 +11,13 @@ from rlcore_loggers.options import TensorboardOptions, WandbOptions
 @rlcore.hookimpl
 def rlcore_metrics_sinks():
     return [
-        Component("tensorboard", "rlcore_loggers.sinks:tensorboard", TensorboardOptions,
-                  "TensorBoard event files"),
-        Component("wandb", "rlcore_loggers.sinks:wandb", WandbOptions,
-                  "Weights & Biases (offline mode works without a network)"),
+        Component(
+            "tensorboard", "rlcore_loggers.sinks:tensorboard", TensorboardOptions, "TensorBoard event files"
+        ),
+        Component(
+            "wandb",
+            "rlcore_loggers.sinks:wandb",
+            WandbOptions,
+            "Weights & Biases (offline mode works without a network)",
+        ),
     ]

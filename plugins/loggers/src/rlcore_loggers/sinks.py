@@ -58,8 +58,10 @@ class TensorboardSink:
         """A markdown table under the text tab (val/generations)."""
         cell = lambda v: str(v).replace("|", "\\|").replace("\n", "<br>")  # noqa: E731
         lines = ["| data_source | prompt | response | score |", "|---|---|---|---|"]
-        lines += [f"| {cell(r['data_source'])} | {cell(r['prompt'])} | {cell(r['response'])} "
-                  f"| {r['score']:.4g} |" for r in rows]
+        lines += [
+            f"| {cell(r['data_source'])} | {cell(r['prompt'])} | {cell(r['response'])} | {r['score']:.4g} |"
+            for r in rows
+        ]
         self.writer.add_text("val/generations", "\n".join(lines), step)
         self.writer.flush()
 

@@ -39,8 +39,10 @@ def check_task(name: str, options: dict[str, Any]) -> dict[str, Any]:
     if name not in table:
         hint = did_you_mean(name, table)
         raise RlcoreError(
-            f"unknown reasoning_gym task {name!r}" + (f"; did you mean {hint!r}?" if hint else "")
-            + f"; available ({len(table)}): " + ", ".join(sorted(table))
+            f"unknown reasoning_gym task {name!r}"
+            + (f"; did you mean {hint!r}?" if hint else "")
+            + f"; available ({len(table)}): "
+            + ", ".join(sorted(table))
         )
     _, config_cls = table[name]
     allowed = task_options(name)
@@ -50,8 +52,10 @@ def check_task(name: str, options: dict[str, Any]) -> dict[str, Any]:
         if key not in allowed:
             hint = did_you_mean(key, allowed)
             raise RlcoreError(
-                f"task {name!r} has no option {key!r}" + (f"; did you mean {hint!r}?" if hint else "")
-                + "; its options: " + (", ".join(allowed) or "none")
+                f"task {name!r} has no option {key!r}"
+                + (f"; did you mean {hint!r}?" if hint else "")
+                + "; its options: "
+                + (", ".join(allowed) or "none")
             )
     try:
         config = TypeAdapter(config_cls).validate_python({**options, "seed": 0, "size": 1})
@@ -62,7 +66,9 @@ def check_task(name: str, options: dict[str, Any]) -> dict[str, Any]:
         if hasattr(config, "validate"):
             config.validate()
     except (AssertionError, ValueError, TypeError) as exc:
-        raise RlcoreError(f"task {name!r}: its configuration is refused by reasoning_gym: {exc or type(exc).__name__}") from None
+        raise RlcoreError(
+            f"task {name!r}: its configuration is refused by reasoning_gym: {exc or type(exc).__name__}"
+        ) from None
     return {key: getattr(config, key) for key in options}
 
 
@@ -91,12 +97,14 @@ class ReasoningGymSourceOptions(Options):
     )
 
     @model_validator(mode="after")
-    def _tasks(self) -> "ReasoningGymSourceOptions":
+    def _tasks(self) -> ReasoningGymSourceOptions:
         extra = dict(self.model_extra or {})
         if self.task and self.tasks:
             raise RlcoreError("give task (one task) or tasks (a mixture), not both")
         if not self.task and not self.tasks:
-            raise RlcoreError("name a task (reasoning_gym:TASK) or a mixture (tasks = {NAME = {weight = 1}, ...})")
+            raise RlcoreError(
+                "name a task (reasoning_gym:TASK) or a mixture (tasks = {NAME = {weight = 1}, ...})"
+            )
         if self.task:
             mixture = {self.task: {"weight": 1.0, **extra}}
         else:
@@ -132,4 +140,6 @@ class ReasoningGymRewardOptions(Options):
         description="what of the response is the answer: the last <answer>...</answer> (tag; none scores 0), the "
         "whole response stripped (full), or its last non-empty line (last_line)",
     )
-    tag: str = Field("answer", pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$", description="the tag for answer = \"tag\"")
+    tag: str = Field(
+        "answer", pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$", description='the tag for answer = "tag"'
+    )

@@ -14,7 +14,6 @@ from typing import Any
 
 from rlcore.errors import RlcoreError
 from rlcore.interfaces import RewardInput, RewardResult
-
 from rlcore_reasoning_gym.options import ReasoningGymRewardOptions
 
 KEY = "reasoning_gym"
@@ -40,8 +39,9 @@ class ReasoningGymReward:
 
         key = repr((info["task"], sorted(info.get("config", {}).items())))
         if key not in self._scorers:
-            self._scorers[key] = reasoning_gym.create_dataset(info["task"], seed=info.get("seed", 0), size=1,
-                                                              **info.get("config", {}))
+            self._scorers[key] = reasoning_gym.create_dataset(
+                info["task"], seed=info.get("seed", 0), size=1, **info.get("config", {})
+            )
         return self._scorers[key]
 
     def __call__(self, item: RewardInput) -> RewardResult:
@@ -62,12 +62,14 @@ class ReasoningGymReward:
             if not isinstance(info, dict) or "entry" not in info or "task" not in info:
                 raise RlcoreError(
                     f"data {source_name!r}, row {prompt.index}: the reasoning_gym reward scores rows of the "
-                    f"reasoning_gym data source (data.train = \"reasoning_gym:TASK\"), and this row has no "
+                    f'reasoning_gym data source (data.train = "reasoning_gym:TASK"), and this row has no '
                     f"extra_info.{KEY}; route other sources to another reward with [reward.routes]"
                 )
             tasks = tasks or task_table()
             if info["task"] not in tasks:
-                raise RlcoreError(f"data {source_name!r}, row {prompt.index}: unknown reasoning_gym task {info['task']!r}")
+                raise RlcoreError(
+                    f"data {source_name!r}, row {prompt.index}: unknown reasoning_gym task {info['task']!r}"
+                )
 
 
 def build(options: ReasoningGymRewardOptions, context: Any = None) -> ReasoningGymReward:

@@ -19,7 +19,6 @@ from typing import Any
 from loguru import logger
 
 from rlcore.errors import RlcoreError
-
 from rlcore_reasoning_gym.options import ReasoningGymSourceOptions
 
 PREFIX = "reasoning_gym/"
@@ -63,7 +62,9 @@ class ReasoningGymSource:
                 continue
             config = {k: v for k, v in o.tasks[task].items() if k != "weight"}
             budget = _ATTEMPTS_PER_ROW * count + 100
-            dataset = reasoning_gym.create_dataset(task, seed=task_seed(o.seed, task, 0), size=budget, **config)
+            dataset = reasoning_gym.create_dataset(
+                task, seed=task_seed(o.seed, task, 0), size=budget, **config
+            )
             found, seen, repeats = [], set(), 0
             for index in range(budget):
                 entry = dataset[index]
@@ -84,14 +85,18 @@ class ReasoningGymSource:
                 found += [found[i % len(found)] for i in range(repeats)]
                 logger.warning(
                     "reasoning_gym task {!r} has only {} distinct {} questions with these options; {} rows repeat one",
-                    task, len(found) - repeats, split, repeats,
+                    task,
+                    len(found) - repeats,
+                    split,
+                    repeats,
                 )
             for position, (index, entry) in enumerate(found):
                 rows.append(self._row(task, config, entry, index, position, split))
         return rows
 
-    def _row(self, task: str, config: dict[str, Any], entry: dict[str, Any], index: int, position: int,
-             split: str) -> dict[str, Any]:
+    def _row(
+        self, task: str, config: dict[str, Any], entry: dict[str, Any], index: int, position: int, split: str
+    ) -> dict[str, Any]:
         o = self.options
         text = entry["question"] + (f"\n{o.instruction}" if o.instruction else "")
         messages = ([{"role": "system", "content": o.system_prompt}] if o.system_prompt else []) + [
@@ -106,8 +111,13 @@ class ReasoningGymSource:
             "extra_info": {
                 "split": split,
                 "index": position,
-                "reasoning_gym": {"task": task, "item": index, "seed": task_seed(o.seed, task, 0), "config": config,
-                                  "entry": entry},
+                "reasoning_gym": {
+                    "task": task,
+                    "item": index,
+                    "seed": task_seed(o.seed, task, 0),
+                    "config": config,
+                    "entry": entry,
+                },
             },
         }
 

@@ -19,13 +19,24 @@ from typing import Any
 
 # (name, one turn, the text before the first turn that may be dropped)
 _FORMATS: tuple[tuple[str, re.Pattern, re.Pattern], ...] = (
-    ("chatml", re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>\n?|(?=<\|im_start\|>)|\Z)", re.S),
-     re.compile(r"\A(?:<\|endoftext\|>|<s>)?\s*\Z")),
-    ("llama3", re.compile(
-        r"<\|start_header_id\|>(\w+)<\|end_header_id\|>\n\n(.*?)(?:<\|eot_id\|>|(?=<\|start_header_id\|>)|\Z)", re.S),
-     re.compile(r"\A(?:<\|begin_of_text\|>)?\s*\Z")),
-    ("gemma", re.compile(r"<start_of_turn>(\w+)\n(.*?)(?:<end_of_turn>\n?|(?=<start_of_turn>)|\Z)", re.S),
-     re.compile(r"\A(?:<bos>)?\s*\Z")),
+    (
+        "chatml",
+        re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>\n?|(?=<\|im_start\|>)|\Z)", re.S),
+        re.compile(r"\A(?:<\|endoftext\|>|<s>)?\s*\Z"),
+    ),
+    (
+        "llama3",
+        re.compile(
+            r"<\|start_header_id\|>(\w+)<\|end_header_id\|>\n\n(.*?)(?:<\|eot_id\|>|(?=<\|start_header_id\|>)|\Z)",
+            re.S,
+        ),
+        re.compile(r"\A(?:<\|begin_of_text\|>)?\s*\Z"),
+    ),
+    (
+        "gemma",
+        re.compile(r"<start_of_turn>(\w+)\n(.*?)(?:<end_of_turn>\n?|(?=<start_of_turn>)|\Z)", re.S),
+        re.compile(r"\A(?:<bos>)?\s*\Z"),
+    ),
 )
 _ROLES = {"model": "assistant"}
 
@@ -47,8 +58,8 @@ def parse_rendered(text: str) -> tuple[list[dict[str, str]], str]:
         matches = list(turn.finditer(text))
         if not matches or not preamble.match(text[: matches[0].start()]):
             continue
-        covered = "".join(text[a.end():b.start()] for a, b in zip(matches, matches[1:]))
-        if covered.strip() or text[matches[-1].end():].strip():
+        covered = "".join(text[a.end() : b.start()] for a, b in zip(matches, matches[1:]))
+        if covered.strip() or text[matches[-1].end() :].strip():
             continue  # text between or after the turns: not this format
         messages = [{"role": _ROLES.get(m.group(1), m.group(1)), "content": m.group(2)} for m in matches]
         if messages[-1]["role"] == "assistant" and not messages[-1]["content"].strip():
@@ -67,5 +78,8 @@ def conversation_text(messages: list[dict[str, str]]) -> str:
 
 
 def _is_messages(value: Any) -> bool:
-    return (isinstance(value, list) and bool(value)
-            and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in value))
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in value)
+    )

@@ -20,13 +20,13 @@ import os
 import random
 import re
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from loguru import logger
 
 from rlcore.errors import UsageError
 from rlcore.interfaces import BuildContext, RewardInput, RewardResult
-
 from rlcore_reward_model.conversation import conversation_text, prompt_messages
 from rlcore_reward_model.options import JudgeOptions, fill_template, template_placeholders
 from rlcore_reward_model.rule import combine, load_rule
@@ -37,14 +37,16 @@ _THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.S)
 _DEADLINE_MARGIN = 0.9
 
 
-def build(options: JudgeOptions, context: BuildContext | None = None) -> "Judge":
+def build(options: JudgeOptions, context: BuildContext | None = None) -> Judge:
     context = context or BuildContext()
     api_key = None
     if options.api_key_env is not None:
         api_key = os.environ.get(options.api_key_env)
         if not api_key:
-            raise UsageError(f"[reward] api_key_env = {options.api_key_env!r}: that environment variable is not set "
-                             "(or empty); export the judge's API key in it")
+            raise UsageError(
+                f"[reward] api_key_env = {options.api_key_env!r}: that environment variable is not set "
+                "(or empty); export the judge's API key in it"
+            )
     rule = load_rule(options.rule, options.rule_weight, context.manifest_dir, "judge")
     reward = (context.manifest or {}).get("reward") or {}
     batch_limit = reward.get("batch_timeout_s") if isinstance(reward, dict) else None
@@ -58,8 +60,14 @@ class _Failure(Exception):
 class Judge:
     batched = True
 
-    def __init__(self, options: JudgeOptions, *, api_key: str | None = None, rule=None,
-                 batch_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        options: JudgeOptions,
+        *,
+        api_key: str | None = None,
+        rule=None,
+        batch_timeout_s: float | None = None,
+    ) -> None:
         import httpx
 
         self.options, self.rule = options, rule
@@ -70,19 +78,29 @@ class Judge:
         self.required_fields = frozenset(fields | (rule.required_fields if rule is not None else set()))
         self.batch_timeout_s = float(batch_timeout_s) if batch_timeout_s else None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        limits = httpx.Limits(max_connections=options.concurrency, max_keepalive_connections=options.concurrency)
+        limits = httpx.Limits(
+            max_connections=options.concurrency, max_keepalive_connections=options.concurrency
+        )
         self.client = httpx.Client(headers=headers, limits=limits, timeout=options.request_timeout_s)
-        self.pool = concurrent.futures.ThreadPoolExecutor(options.concurrency, thread_name_prefix="rlcore-judge")
+        self.pool = concurrent.futures.ThreadPoolExecutor(
+            options.concurrency, thread_name_prefix="rlcore-judge"
+        )
         self._generation = 0  # bumped by sleep(): requests of an abandoned batch stop retrying
         if self.batch_timeout_s is not None and options.request_timeout_s > self.batch_timeout_s:
             logger.warning(
                 "judge: [reward] batch_timeout_s = {:g} s bounds all of a step's judge requests together, less than "
                 "one request may take (request_timeout_s = {:g} s); items not graded in time score 0, counted in "
                 "reward/judge_failed: raise [reward] batch_timeout_s for a slow judge",
-                self.batch_timeout_s, options.request_timeout_s,
+                self.batch_timeout_s,
+                options.request_timeout_s,
             )
-        logger.info("judge: {} at {}, {} requests at once, batch time limit {}", options.model, self.url,
-                    options.concurrency, f"{self.batch_timeout_s:g} s" if self.batch_timeout_s else "none")
+        logger.info(
+            "judge: {} at {}, {} requests at once, batch time limit {}",
+            options.model,
+            self.url,
+            options.concurrency,
+            f"{self.batch_timeout_s:g} s" if self.batch_timeout_s else "none",
+        )
 
     # ------------------------------------------------------------------ the batch protocol
 
@@ -111,8 +129,12 @@ class Judge:
                 scores.append(0.0)
                 metrics.append({"judge_failed": 1.0})
         if failures:
-            logger.warning("judge: {} of {} items could not be graded and score 0 (reward/judge_failed); the first: {}",
-                           len(failures), len(items), failures[0])
+            logger.warning(
+                "judge: {} of {} items could not be graded and score 0 (reward/judge_failed); the first: {}",
+                len(failures),
+                len(items),
+                failures[0],
+            )
         return combine(scores, metrics, items, self.rule, self.options.model_weight)
 
     def close(self) -> None:
@@ -124,8 +146,11 @@ class Judge:
 
     def messages(self, item: RewardInput) -> list[dict[str, str]]:
         """The chat messages sent to the judge for ``item``."""
-        values = {"response": item.response, "raw_prompt": item.prompt or "",
-                  "ground_truth": "" if item.ground_truth is None else str(item.ground_truth)}
+        values = {
+            "response": item.response,
+            "raw_prompt": item.prompt or "",
+            "ground_truth": "" if item.ground_truth is None else str(item.ground_truth),
+        }
         if "prompt" in self.uses:
             values["prompt"] = conversation_text(prompt_messages(item)[0])
         messages = [{"role": "user", "content": fill_template(self.options.prompt_template, values)}]
@@ -138,7 +163,9 @@ class Judge:
         text = _THINK.sub("", reply) if self.options.strip_thinking else reply
         matches = list(self.pattern.finditer(text))
         if not matches:
-            raise _Failure(f"no match of score_pattern {self.options.score_pattern!r} in the reply {_short(reply)}")
+            raise _Failure(
+                f"no match of score_pattern {self.options.score_pattern!r} in the reply {_short(reply)}"
+            )
         last = matches[-1]
         found = last.group(1) if last.re.groups else last.group(0)
         try:
@@ -146,21 +173,32 @@ class Judge:
         except (TypeError, ValueError):
             raise _Failure(f"the score {found!r} in the reply {_short(reply)} is not a number") from None
         if not 0.0 <= value <= self.options.max_score:
-            raise _Failure(f"the score {value:g} in the reply {_short(reply)} is outside [0, max_score = "
-                           f"{self.options.max_score:g}]")
+            raise _Failure(
+                f"the score {value:g} in the reply {_short(reply)} is outside [0, max_score = "
+                f"{self.options.max_score:g}]"
+            )
         return value / self.options.max_score
 
     def _grade(self, item: RewardInput, deadline: float | None, generation: int) -> tuple[float, int]:
         import httpx
 
         o = self.options
-        body = {**o.extra_body, "model": o.model, "messages": self.messages(item),
-                "temperature": o.temperature, "max_tokens": o.max_tokens}
+        body = {
+            **o.extra_body,
+            "model": o.model,
+            "messages": self.messages(item),
+            "temperature": o.temperature,
+            "max_tokens": o.max_tokens,
+        }
         attempt = 0
         while True:
             if generation != self._generation:
                 raise _Failure("abandoned: the batch ran past its time limit")
-            timeout = o.request_timeout_s if deadline is None else min(o.request_timeout_s, deadline - time.monotonic())
+            timeout = (
+                o.request_timeout_s
+                if deadline is None
+                else min(o.request_timeout_s, deadline - time.monotonic())
+            )
             if timeout <= 0:
                 raise _Failure("no time left before the batch's time limit ([reward] timeout_s)")
             wait = None
@@ -173,14 +211,19 @@ class Judge:
                     return self.parse(_content(response)), attempt
                 problem = f"HTTP {response.status_code} from {self.url}: {_short(response.text)}"
                 if response.status_code not in _RETRY_STATUS:
-                    hint = " (check api_key_env)" if response.status_code in (401, 403) else \
-                        " (check base_url and model)" if response.status_code == 404 else ""
+                    hint = (
+                        " (check api_key_env)"
+                        if response.status_code in (401, 403)
+                        else " (check base_url and model)"
+                        if response.status_code == 404
+                        else ""
+                    )
                     raise _Failure(problem + hint)
                 wait = _retry_after(response)
             if attempt >= o.retries:
                 raise _Failure(f"{problem}, after {attempt} retr{'y' if attempt == 1 else 'ies'}")
             if wait is None:
-                wait = o.backoff_s * (2 ** attempt) * (1 + 0.25 * random.random())
+                wait = o.backoff_s * (2**attempt) * (1 + 0.25 * random.random())
             wait = min(wait, 60.0)
             if deadline is not None and time.monotonic() + wait >= deadline:
                 raise _Failure(f"{problem}; no time left to retry before the batch's time limit")

@@ -15,14 +15,13 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from loguru import logger
 
 from rlcore.errors import UsageError
 from rlcore.interfaces import BuildContext, RewardInput, RewardResult
-
 from rlcore_reward_model.conversation import prompt_messages
 from rlcore_reward_model.options import RewardModelOptions
 from rlcore_reward_model.rule import combine, load_rule
@@ -30,7 +29,7 @@ from rlcore_reward_model.rule import combine, load_rule
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
-def build(options: RewardModelOptions, context: BuildContext | None = None) -> "RewardModel":
+def build(options: RewardModelOptions, context: BuildContext | None = None) -> RewardModel:
     context = context or BuildContext()
     path = Path(options.path).expanduser()
     if not path.is_absolute() and context.manifest_dir:
@@ -57,15 +56,19 @@ class RewardModel:
         self.config = _check_directory(path, options)
         self.label_index = _label_index(self.config, options.label, path)
         self.tokenizer = _load_tokenizer(path, options)
-        self.chat = options.input == "chat" or (options.input == "auto" and bool(self.tokenizer.chat_template))
+        self.chat = options.input == "chat" or (
+            options.input == "auto" and bool(self.tokenizer.chat_template)
+        )
         if options.input == "chat" and not self.tokenizer.chat_template:
             raise UsageError(
-                f"[reward] input = \"chat\", but the tokenizer of the reward model {path} has no chat template; "
+                f'[reward] input = "chat", but the tokenizer of the reward model {path} has no chat template; '
                 'use input = "text" (the decoded prompt followed by the response) or "auto"'
             )
         self.model = self._load()  # on the CPU: loading checks the head now, not at the first batch
         self._lock = threading.Lock()  # one batch at a time; sleep() waits for the forward pass in flight
-        self._generation = 0  # bumped by sleep(): an abandoned (timed-out) batch stops at its next forward pass
+        self._generation = (
+            0  # bumped by sleep(): an abandoned (timed-out) batch stops at its next forward pass
+        )
         self._warned: set[str] = set()
         # On a GPU the model starts asleep (the engine and the actor load and generate without it) unless
         # offload = "none"; the trainer wakes it up before each batch.
@@ -76,7 +79,12 @@ class RewardModel:
             self.model = None
         logger.info(
             "reward model {}: {} ({} outputs, label {}), {} on {}, input {}",
-            path, type(self.model).__name__, self.config.num_labels, self.label_index, dtype, self.device,
+            path,
+            type(self.model).__name__,
+            self.config.num_labels,
+            self.label_index,
+            dtype,
+            self.device,
             "rendered with its chat template" if self.chat else "the decoded prompt and the response",
         )
 
@@ -87,10 +95,15 @@ class RewardModel:
 
         try:
             model, info = AutoModelForSequenceClassification.from_pretrained(
-                self.path, dtype=self.dtype, trust_remote_code=self.options.trust_remote_code, output_loading_info=True,
+                self.path,
+                dtype=self.dtype,
+                trust_remote_code=self.options.trust_remote_code,
+                output_loading_info=True,
             )
         except (OSError, ValueError, KeyError) as exc:
-            raise UsageError(f"[reward] path: the reward model in {self.path} cannot be loaded: {exc}") from None
+            raise UsageError(
+                f"[reward] path: the reward model in {self.path} cannot be loaded: {exc}"
+            ) from None
         head = [k for k in info.get("missing_keys", ()) if not k.startswith(_base_prefix(model))]
         if head:
             raise UsageError(
@@ -147,7 +160,7 @@ class RewardModel:
                 for start in range(0, len(order), self.options.batch_size):
                     if generation != self._generation:
                         raise TimeoutError("abandoned: the reward batch ran past [reward] timeout_s")
-                    chunk = order[start:start + self.options.batch_size]
+                    chunk = order[start : start + self.options.batch_size]
                     out = self._forward([encoded[i][0] for i in chunk])
                     for i, value in zip(chunk, out):
                         values[i] = value
@@ -172,8 +185,9 @@ class RewardModel:
             self._warned.add("text")
             logger.warning(
                 "reward model: the prompt is not in a chat format rlcore can read back (ChatML, Llama 3, Gemma), so "
-                "the whole decoded prompt is one user message for {}'s chat template; set input = \"text\" to give "
-                "the model the decoded prompt and response as they are", self.path,
+                'the whole decoded prompt is one user message for {}\'s chat template; set input = "text" to give '
+                "the model the decoded prompt and response as they are",
+                self.path,
             )
         messages = [*messages, {"role": "assistant", "content": item.response}]
         return self.tokenizer.apply_chat_template(messages, tokenize=False)
@@ -195,8 +209,8 @@ class RewardModel:
         ids = torch.full((len(sequences), width), pad, dtype=torch.long)
         mask = torch.zeros((len(sequences), width), dtype=torch.long)
         for row, seq in enumerate(sequences):
-            ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-            mask[row, :len(seq)] = 1
+            ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[row, : len(seq)] = 1
         device = next(self.model.parameters()).device
         logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
         return logits[:, self.label_index].float().tolist()
@@ -213,8 +227,10 @@ def _check_directory(path: Path, options: RewardModelOptions):
         raise UsageError(f"[reward] path: the reward model directory {str(path)!r} does not exist")
     config_file = path / "config.json"
     if not config_file.is_file():
-        raise UsageError(f"[reward] path: {path} has no config.json; expected a Hugging Face model directory "
-                         "(save_pretrained's output)")
+        raise UsageError(
+            f"[reward] path: {path} has no config.json; expected a Hugging Face model directory "
+            "(save_pretrained's output)"
+        )
     try:
         raw = json.loads(config_file.read_text(encoding="utf-8"))
         config = AutoConfig.from_pretrained(path, trust_remote_code=options.trust_remote_code)
@@ -223,8 +239,11 @@ def _check_directory(path: Path, options: RewardModelOptions):
     architectures = raw.get("architectures") or []
     classifier = [a for a in architectures if a.endswith("ForSequenceClassification")]
     if architectures and not classifier:
-        hint = " (a generative model: score with it through the judge reward, served by vLLM or rlcore serve)" \
-            if any(a.endswith(("ForCausalLM", "ForConditionalGeneration")) for a in architectures) else ""
+        hint = (
+            " (a generative model: score with it through the judge reward, served by vLLM or rlcore serve)"
+            if any(a.endswith(("ForCausalLM", "ForConditionalGeneration")) for a in architectures)
+            else ""
+        )
         raise UsageError(
             f"[reward] path: {path} holds a {', '.join(architectures)}, not a sequence-classification model{hint}; "
             "the reward_model reward needs a model with a classification head, e.g. LlamaForSequenceClassification "
@@ -242,8 +261,10 @@ def _label_index(config, label: int | str, path: Path) -> int:
         elif label in names:
             return names[label]
         else:
-            raise UsageError(f"[reward] label = {label!r}: the reward model {path} has no output of that name; its "
-                             f"outputs (id2label): {', '.join(f'{i}: {n!r}' for n, i in sorted(names.items(), key=lambda x: x[1]))}")
+            raise UsageError(
+                f"[reward] label = {label!r}: the reward model {path} has no output of that name; its "
+                f"outputs (id2label): {', '.join(f'{i}: {n!r}' for n, i in sorted(names.items(), key=lambda x: x[1]))}"
+            )
     if not 0 <= label < n:
         raise UsageError(
             f"[reward] label = {label}: the reward model {path} has {n} output{'s' if n != 1 else ''} "
@@ -258,10 +279,14 @@ def _load_tokenizer(path: Path, options: RewardModelOptions):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=options.trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"[reward] path: the tokenizer of the reward model {path} cannot be loaded: {exc}") from None
+        raise UsageError(
+            f"[reward] path: the tokenizer of the reward model {path} cannot be loaded: {exc}"
+        ) from None
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
-            raise UsageError(f"[reward] path: the tokenizer of {path} has neither a pad nor an end-of-sequence token")
+            raise UsageError(
+                f"[reward] path: the tokenizer of {path} has neither a pad nor an end-of-sequence token"
+            )
         tokenizer.pad_token = tokenizer.eos_token  # as TRL's RewardTrainer does
     return tokenizer
 

@@ -25,7 +25,9 @@ class RuleMix(Options):
         "ground_truth, extra_info)) and returning a number or a RewardResult",
     )
     rule_weight: float = Field(1.0, ge=-1000.0, le=1000.0, description="weight of the rule's score")
-    model_weight: float = Field(1.0, ge=-1000.0, le=1000.0, description="weight of the model's (or judge's) score")
+    model_weight: float = Field(
+        1.0, ge=-1000.0, le=1000.0, description="weight of the model's (or judge's) score"
+    )
 
     @field_validator("rule")
     @classmethod
@@ -124,16 +126,26 @@ class JudgeOptions(RuleMix):
         description="a regular expression; its last match in the judge's reply (its first group, if it has one) is "
         "the score. Default: the last number",
     )
-    max_score: float = Field(10.0, gt=0, description="the score is the judge's number divided by this: in [0, 1]")
-    strip_thinking: bool = Field(True, description="ignore <think>...</think> (and an unclosed <think>) in replies")
+    max_score: float = Field(
+        10.0, gt=0, description="the score is the judge's number divided by this: in [0, 1]"
+    )
+    strip_thinking: bool = Field(
+        True, description="ignore <think>...</think> (and an unclosed <think>) in replies"
+    )
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     max_tokens: int = Field(512, ge=1)
     extra_body: dict = Field(default_factory=dict, description="more fields for the request body")
     concurrency: int = Field(8, ge=1, le=1024, description="requests in flight at once")
-    retries: int = Field(3, ge=0, le=20, description="retries of a request after 429, 5xx, a timeout or no connection")
-    backoff_s: float = Field(1.0, ge=0.0, le=60.0, description="wait before the first retry, doubled each time")
+    retries: int = Field(
+        3, ge=0, le=20, description="retries of a request after 429, 5xx, a timeout or no connection"
+    )
+    backoff_s: float = Field(
+        1.0, ge=0.0, le=60.0, description="wait before the first retry, doubled each time"
+    )
     request_timeout_s: float = Field(
-        60.0, gt=0, description="limit of one request ([reward] timeout_s, rlcore's own key, bounds the whole batch)"
+        60.0,
+        gt=0,
+        description="limit of one request ([reward] timeout_s, rlcore's own key, bounds the whole batch)",
     )
 
     @field_validator("base_url")
@@ -178,7 +190,7 @@ class JudgeOptions(RuleMix):
         return value
 
     @model_validator(mode="after")
-    def _extra_body(self) -> "JudgeOptions":
+    def _extra_body(self) -> JudgeOptions:
         taken = sorted({"model", "messages"} & set(self.extra_body))
         if taken:
             raise ValueError(f"extra_body may not set {', '.join(taken)}: the judge sets them")

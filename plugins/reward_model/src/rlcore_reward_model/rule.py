@@ -12,7 +12,8 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from loguru import logger
 
@@ -34,7 +35,9 @@ class Rule:
         """The rule's score of ``item`` (0 when it fails) and its metrics, prefixed ``rule_``."""
         try:
             if self.verl == "kw":
-                result = self.fn(item.data_source, item.response, item.ground_truth, extra_info=item.extra_info)
+                result = self.fn(
+                    item.data_source, item.response, item.ground_truth, extra_info=item.extra_info
+                )
             elif self.verl == "3":
                 result = self.fn(item.data_source, item.response, item.ground_truth)
             else:
@@ -43,8 +46,13 @@ class Rule:
         except Exception as exc:  # noqa: BLE001 - user code: its part of this item scores 0, counted
             if not self._logged:
                 self._logged = True
-                logger.warning("reward rule {} failed ({}: {}); its part scores 0, counted in reward/rule_failed "
-                               "(only the first is logged)", self.origin, type(exc).__name__, exc)
+                logger.warning(
+                    "reward rule {} failed ({}: {}); its part scores 0, counted in reward/rule_failed "
+                    "(only the first is logged)",
+                    self.origin,
+                    type(exc).__name__,
+                    exc,
+                )
             return 0.0, {"rule_failed": 1.0}
         out = {f"rule_{k}": v for k, v in metrics.items()}
         out.update(rule_score=score, rule_failed=0.0)
@@ -60,16 +68,25 @@ def load_rule(target: str | None, weight: float, manifest_dir: str | None, owner
     except RlcoreError as exc:
         raise UsageError(f"[reward] rule of the {owner!r} reward: {exc}") from None
     if not callable(fn):
-        raise UsageError(f"[reward] rule of the {owner!r} reward: {origin}: {target.rpartition(':')[2]!r} is not a "
-                         f"function but a {type(fn).__name__} value")
+        raise UsageError(
+            f"[reward] rule of the {owner!r} reward: {origin}: {target.rpartition(':')[2]!r} is not a "
+            f"function but a {type(fn).__name__} value"
+        )
     if getattr(fn, "batched", False):
-        raise UsageError(f"[reward] rule of the {owner!r} reward: {origin} is a batched reward; the rule must score "
-                         "one item at a time (write a python: batched reward to combine batched ones)")
+        raise UsageError(
+            f"[reward] rule of the {owner!r} reward: {origin} is a batched reward; the rule must score "
+            "one item at a time (write a python: batched reward to combine batched ones)"
+        )
     return Rule(fn, origin, weight)
 
 
-def combine(model_scores: Sequence[float], model_metrics: Sequence[dict[str, float]], items: Sequence[RewardInput],
-            rule: Rule | None, model_weight: float) -> list[RewardResult]:
+def combine(
+    model_scores: Sequence[float],
+    model_metrics: Sequence[dict[str, float]],
+    items: Sequence[RewardInput],
+    rule: Rule | None,
+    model_weight: float,
+) -> list[RewardResult]:
     """``model_weight * model + rule_weight * rule`` for each item, with both parts as metrics."""
     results = []
     for score, metrics, item in zip(model_scores, model_metrics, items):
@@ -92,19 +109,30 @@ def _read(result: Any) -> tuple[float, dict[str, float]]:
         score, metrics = result, {}
     if isinstance(score, bool) or not isinstance(score, numbers.Real) or not math.isfinite(float(score)):
         raise ValueError(f"returned {type(result).__name__} {result!r:.80}, not a finite number")
-    return float(score), {str(k): float(v) for k, v in metrics.items()
-                          if isinstance(v, numbers.Real) and math.isfinite(float(v))}
+    return float(score), {
+        str(k): float(v)
+        for k, v in metrics.items()
+        if isinstance(v, numbers.Real) and math.isfinite(float(v))
+    }
 
 
 def _verl_style(fn: Callable[..., Any]) -> str:
-    """"item" for fn(item); "kw" or "3" for verl's compute_score (with or without extra_info)."""
+    """ "item" for fn(item); "kw" or "3" for verl's compute_score (with or without extra_info)."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return "item"
-    positional = [p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = [
+        p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
     required = [p for p in positional if p.default is p.empty]
-    if len(required) >= 3 or [p.name for p in positional[:3]] == ["data_source", "solution_str", "ground_truth"]:
-        takes_extra = "extra_info" in sig.parameters or any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
+    if len(required) >= 3 or [p.name for p in positional[:3]] == [
+        "data_source",
+        "solution_str",
+        "ground_truth",
+    ]:
+        takes_extra = "extra_info" in sig.parameters or any(
+            p.kind == p.VAR_KEYWORD for p in sig.parameters.values()
+        )
         return "kw" if takes_extra else "3"
     return "item"

@@ -43,7 +43,7 @@ class ExactMatchReward:
 
     def check_data(self, prompts: Sequence[Prompt], source_name: str) -> None:
         """Refuse ground truths this reward can never compare (see :mod:`rlcore_reward_rule.truths`)."""
-        refuse_uncomparable(prompts, source_name, 'exact_match', lists=True)
+        refuse_uncomparable(prompts, source_name, "exact_match", lists=True)
 
 
 def build(options: ExactMatchOptions, context: object = None) -> ExactMatchReward:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 from rlcore.interfaces import RewardInput, RewardResult
-
 from rlcore_reward_rule.options import FormatOptions
 
 

@@ -73,14 +73,22 @@ class GSM8KReward:
         refuse_uncomparable(prompts, source_name, "gsm8k")
         if self.options.method not in VERL_METHODS:
             return
-        odd = [p for p in prompts if not isinstance(p.ground_truth, str) or p.ground_truth != p.ground_truth.strip()]
+        odd = [
+            p
+            for p in prompts
+            if not isinstance(p.ground_truth, str) or p.ground_truth != p.ground_truth.strip()
+        ]
         if odd:
             first = odd[0]
             logger.warning(
                 "data {!r}: {} row(s) (the first: row {}, ground_truth {!r}) have a ground truth that gsm8k's {!r} "
                 "method (verl's) compares as text and can never match, so they score as wrong; write the ground "
-                "truth as bare text, or use method = \"numeric\" (compares numbers)",
-                source_name, len(odd), first.index, first.ground_truth, self.options.method,
+                'truth as bare text, or use method = "numeric" (compares numbers)',
+                source_name,
+                len(odd),
+                first.index,
+                first.ground_truth,
+                self.options.method,
             )
 
 

@@ -75,7 +75,7 @@ class MathReward:
 
     def check_data(self, prompts: Sequence[Prompt], source_name: str) -> None:
         """Refuse ground truths this reward can never compare (see :mod:`rlcore_reward_rule.truths`)."""
-        refuse_uncomparable(prompts, source_name, 'math', lists=True)
+        refuse_uncomparable(prompts, source_name, "math", lists=True)
 
 
 def build(options: MathOptions, context: object = None) -> MathReward:

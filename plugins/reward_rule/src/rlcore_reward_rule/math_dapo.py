@@ -29,16 +29,60 @@ _NO_ANSWER = "[INVALID]"  # what verl normalises when the response has no "Answe
 # Minerva's normalisation, step by step, in the order it applies them.
 # 1. Plain replacements (articles, dollar signs, spaces, "and" written as text).
 _REPLACE = (
-    ("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""),
-    ("mbox", "text"), (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"),
+    ("an ", ""),
+    ("a ", ""),
+    (".$", "$"),
+    ("\\$", ""),
+    ("\\ ", ""),
+    (" ", ""),
+    ("mbox", "text"),
+    (",\\text{and}", ","),
+    ("\\text{and}", ","),
+    ("\\text{m}", "\\text{}"),
 )
 # 2. Units, filler words and spacing commands, removed wherever they occur.
 _DROP = (
-    "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue",
-    "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals",
-    "edges", "students", "childrentickets", "multiples", "\\text{s}", "\\text{.}", "\\text{\ns}",
-    "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}", "\\mathrm{th}", "^\\circ", "^{\\circ}", "\\;",
-    ",\\!", "{,}", '"', "\\dots",
+    "square",
+    "ways",
+    "integers",
+    "dollars",
+    "mph",
+    "inches",
+    "hours",
+    "km",
+    "units",
+    "\\ldots",
+    "sue",
+    "points",
+    "feet",
+    "minutes",
+    "digits",
+    "cents",
+    "degrees",
+    "cm",
+    "gm",
+    "pounds",
+    "meters",
+    "meals",
+    "edges",
+    "students",
+    "childrentickets",
+    "multiples",
+    "\\text{s}",
+    "\\text{.}",
+    "\\text{\ns}",
+    "\\text{}^2",
+    "\\text{}^3",
+    "\\text{\n}",
+    "\\text{}",
+    "\\mathrm{th}",
+    "^\\circ",
+    "^{\\circ}",
+    "\\;",
+    ",\\!",
+    "{,}",
+    '"',
+    "\\dots",
 )
 # 3. Regular-expression rewrites: the first $...$ span, text-like wrappers, brace shorthand.
 _REWRITE = (
@@ -105,7 +149,9 @@ class MathDapoReward:
             answer = last_boxed(tail[-_BOX_WINDOW:])
             return answer is not None and answer == truth_text, answer is not None
         answer = extract_answer(tail)
-        return normalise(_NO_ANSWER if answer is None else answer) == normalise(truth_text), answer is not None
+        return normalise(_NO_ANSWER if answer is None else answer) == normalise(
+            truth_text
+        ), answer is not None
 
     def __call__(self, item: RewardInput) -> RewardResult:
         correct, found = self.judge(item.response or "", item.ground_truth)
@@ -114,7 +160,7 @@ class MathDapoReward:
 
     def check_data(self, prompts: Sequence[Prompt], source_name: str) -> None:
         """Refuse ground truths this reward can never compare (see :mod:`rlcore_reward_rule.truths`)."""
-        refuse_uncomparable(prompts, source_name, 'math_dapo', lists=False)
+        refuse_uncomparable(prompts, source_name, "math_dapo", lists=False)
 
 
 def build(options: MathDapoOptions, context: object = None) -> MathDapoReward:

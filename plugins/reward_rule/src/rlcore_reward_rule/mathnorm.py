@@ -48,10 +48,14 @@ def _box_content(text: str, pos: int) -> str | None:
 # Removed outright (order matters: "^\\circ" before "\\circ").
 _DROP = ["^{\\circ}", "^\\circ", "\u00b0", "\\!", "\\,", "\\;", "\\:", "\\ ", "~", "\\$", "$", "\\%", "%"]
 # Control words that only space or size things; replaced by a space.
-_SPACING_WORDS = re.compile(r"\\(?:left|right|displaystyle|qquad|quad|circ|big|Big|bigl|bigr|Bigl|Bigr)(?![a-zA-Z])")
+_SPACING_WORDS = re.compile(
+    r"\\(?:left|right|displaystyle|qquad|quad|circ|big|Big|bigl|bigr|Bigl|Bigr)(?![a-zA-Z])"
+)
 _TEXT_COMMANDS = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
 _NUM = r"-?(?:\d+(?:\.\d*)?|\.\d+)"
-_UNIT_AFTER_NUMBER = re.compile(r"^(" + _NUM + r"|-?\\frac\{[^{}]*\}\{[^{}]*\})\s+(?:[a-zA-Z][a-zA-Z.]*\s*)+$")
+_UNIT_AFTER_NUMBER = re.compile(
+    r"^(" + _NUM + r"|-?\\frac\{[^{}]*\}\{[^{}]*\})\s+(?:[a-zA-Z][a-zA-Z.]*\s*)+$"
+)
 
 
 def normalise(answer: str) -> str:

@@ -31,15 +31,13 @@ class MathOptions(Options):
         "builtin: the normaliser only; math_verify: require math-verify",
     )
     correct_score: float = Field(1.0, ge=-100.0, le=100.0, description="score of a correct boxed answer")
-    format_score: float = Field(
-        0.0, ge=-100.0, le=100.0, description="score of a boxed answer that is wrong"
-    )
+    format_score: float = Field(0.0, ge=-100.0, le=100.0, description="score of a boxed answer that is wrong")
 
 
 class MathDapoOptions(Options):
     strict_box_verify: bool = Field(
         False,
-        description='verl\'s strict mode: the last \\boxed{...} of the last 100 characters, equal to the ground truth '
+        description="verl's strict mode: the last \\boxed{...} of the last 100 characters, equal to the ground truth "
         'as written; default: the text after the last "Answer:", normalised as Minerva does',
     )
     correct_score: float = Field(1.0, ge=-100.0, le=100.0, description="score of a correct answer (verl: 1)")

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import rlcore
 from rlcore.components import Component, NoOptions
-
-from rlcore_reward_rule.options import ExactMatchOptions, FormatOptions, GSM8KOptions, MathDapoOptions, MathOptions
+from rlcore_reward_rule.options import (
+    ExactMatchOptions,
+    FormatOptions,
+    GSM8KOptions,
+    MathDapoOptions,
+    MathOptions,
+)
 
 
 @rlcore.hookimpl

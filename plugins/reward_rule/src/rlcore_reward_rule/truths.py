@@ -21,7 +21,9 @@ def _comparable(value: object, lists: bool) -> bool:
     return False
 
 
-def refuse_uncomparable(prompts: Sequence[Prompt], source_name: str, reward: str, *, lists: bool = False) -> None:
+def refuse_uncomparable(
+    prompts: Sequence[Prompt], source_name: str, reward: str, *, lists: bool = False
+) -> None:
     """Raise :class:`RlcoreError` naming the file, the first bad row and the field when a row's
     ground truth is not text or a number (or, with ``lists``, a non-empty list of them: any one
     matching counts). Rows without a ground truth are left to the required-fields check."""

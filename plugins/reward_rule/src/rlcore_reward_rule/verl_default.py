@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from rlcore.errors import RlcoreError, did_you_mean
 from rlcore.interfaces import Prompt, RewardInput, RewardResult
-
 from rlcore_reward_rule.options import GSM8KOptions, MathDapoOptions, MathOptions
 
 
@@ -39,19 +38,38 @@ class VerlRoute:
 # verl's default_compute_score, branch by branch and in its order (verl b178a3cd).
 VERL_TABLE: tuple[VerlRoute, ...] = (
     VerlRoute(("openai/gsm8k",), "gsm8k", "gsm8k"),  # with verl's default method, strict
-    VerlRoute(("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"), "math_reward", "math"),
+    VerlRoute(
+        ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"),
+        "math_reward",
+        "math",
+    ),
     VerlRoute(("math_dapo", "math", "math_dapo_reasoning"), "math_dapo", "math_dapo", prefix="aime"),
     VerlRoute(
-        ("numina_aops_forum", "numina_synthetic_math", "numina_amc_aime", "numina_synthetic_amc", "numina_cn_k12",
-         "numina_olympiads"),
-        "prime_math", None,
+        (
+            "numina_aops_forum",
+            "numina_synthetic_math",
+            "numina_amc_aime",
+            "numina_synthetic_amc",
+            "numina_cn_k12",
+            "numina_olympiads",
+        ),
+        "prime_math",
+        None,
     ),
     VerlRoute(("codecontests", "apps", "codeforces", "taco"), "sandbox_fusion or prime_code", None),
     VerlRoute(("hiyouga/geometry3k",), "geo3k", None),
     VerlRoute(
-        ("searchR1_nq", "searchR1_triviaqa", "searchR1_popqa", "searchR1_hotpotqa", "searchR1_2wikimultihopqa",
-         "searchR1_musique", "searchR1_bamboogle"),
-        "search_r1_like_qa_em", None,
+        (
+            "searchR1_nq",
+            "searchR1_triviaqa",
+            "searchR1_popqa",
+            "searchR1_hotpotqa",
+            "searchR1_2wikimultihopqa",
+            "searchR1_musique",
+            "searchR1_bamboogle",
+        ),
+        "search_r1_like_qa_em",
+        None,
     ),
 )
 
@@ -109,16 +127,22 @@ def unscorable(source: str) -> str:
     """Why the ``verl`` reward cannot score rows of ``source``, and what it can score."""
     route = verl_route(source)
     if route is not None:
-        why = (f"data_source {source!r} is one verl's default scorer sends to verl.utils.reward_score."
-               f"{route.verl_module}, which rlcore has no scorer for")
+        why = (
+            f"data_source {source!r} is one verl's default scorer sends to verl.utils.reward_score."
+            f"{route.verl_module}, which rlcore has no scorer for"
+        )
     else:
         known = [s for r in VERL_TABLE for s in r.sources]
         close = did_you_mean(source, known)
-        why = (f"data_source {source!r} is not in verl's default scorer's table, where verl raises "
-               "NotImplementedError" + (f" (did you mean {close!r}?)" if close else ""))
+        why = (
+            f"data_source {source!r} is not in verl's default scorer's table, where verl raises "
+            "NotImplementedError" + (f" (did you mean {close!r}?)" if close else "")
+        )
     scored = "; ".join(route.describe() for route in VERL_TABLE if route.scorer)
-    return (f'{why}. [reward] function = "verl" scores: {scored}. Score it with '
-            f'[reward.routes."{source}"] function = "..." (a registered reward or "python:file.py:function")')
+    return (
+        f'{why}. [reward] function = "verl" scores: {scored}. Score it with '
+        f'[reward.routes."{source}"] function = "..." (a registered reward or "python:file.py:function")'
+    )
 
 
 def build(options: object = None, context: object = None) -> VerlDefaultReward:

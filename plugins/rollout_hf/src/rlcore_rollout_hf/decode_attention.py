@@ -26,7 +26,7 @@ NUM_WARPS, NUM_STAGES = 4, 2
 MIN_PROGRAMS = 264  # about two programs per multiprocessor of an H200 (132): splits until there are this many
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -41,15 +41,18 @@ def usable(device: torch.device, head_dim: int) -> bool:
     return device.type == "cuda" and triton_available() and head_dim >= 16 and head_dim & (head_dim - 1) == 0
 
 
-def sdpa_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
-                          scale: float) -> torch.Tensor:
+def sdpa_decode_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, scale: float
+) -> torch.Tensor:
     """The reference: ``q`` [B, kv_heads, groups, D] attends to cache positions ``0..positions[b]``
     of rows ``0..B-1`` of ``keys``/``values`` [rows, kv_heads, capacity, D], with a dense mask over
     the whole capacity. -> [B, kv_heads, groups, D]."""
     batch = q.shape[0]
     capacity = keys.shape[2]
     visible = torch.arange(capacity, device=q.device)[None, :] <= positions[:, None]
-    return F.scaled_dot_product_attention(q, keys[:batch], values[:batch], attn_mask=visible[:, None, None, :], scale=scale)
+    return F.scaled_dot_product_attention(
+        q, keys[:batch], values[:batch], attn_mask=visible[:, None, None, :], scale=scale
+    )
 
 
 def splits_for(batch: int, kv_heads: int, capacity: int) -> int:
@@ -72,12 +75,38 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def decode_attention_split(Q, K, V, POS, O, LSE,
-                               s_qb, s_qh, s_qg, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
-                               s_ob, s_oh, s_os, s_og, s_lb, s_lh, s_ls,
-                               scale, groups, chunk,
-                               BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, DIRECT: tl.constexpr,
-                               PRECISION: tl.constexpr):
+    def decode_attention_split(
+        Q,
+        K,
+        V,
+        POS,
+        O,
+        LSE,
+        s_qb,
+        s_qh,
+        s_qg,
+        s_kb,
+        s_kh,
+        s_kn,
+        s_vb,
+        s_vh,
+        s_vn,
+        s_ob,
+        s_oh,
+        s_os,
+        s_og,
+        s_lb,
+        s_lh,
+        s_ls,
+        scale,
+        groups,
+        chunk,
+        BLOCK_G: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        D: tl.constexpr,
+        DIRECT: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
         b = tl.program_id(0)
         h = tl.program_id(1)
         s = tl.program_id(2)
@@ -88,7 +117,9 @@ def _kernels():
         offs_d = tl.arange(0, D)
         offs_n = tl.arange(0, BLOCK_N)
         g_ok = offs_g < groups
-        q = tl.load(Q + b * s_qb + h * s_qh + offs_g[:, None] * s_qg + offs_d[None, :], mask=g_ok[:, None], other=0.0)
+        q = tl.load(
+            Q + b * s_qb + h * s_qh + offs_g[:, None] * s_qg + offs_d[None, :], mask=g_ok[:, None], other=0.0
+        )
         k_base = K + b.to(tl.int64) * s_kb + h * s_kh
         v_base = V + b.to(tl.int64) * s_vb + h * s_vh
         m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
@@ -111,33 +142,71 @@ def _kernels():
         live = l > 0.0
         out = acc / tl.where(live, l, 1.0)[:, None]
         if DIRECT:  # one split: the result itself
-            tl.store(O + b * s_ob + h * s_oh + offs_g[:, None] * s_og + offs_d[None, :], out.to(O.dtype.element_ty),
-                     mask=g_ok[:, None])
+            tl.store(
+                O + b * s_ob + h * s_oh + offs_g[:, None] * s_og + offs_d[None, :],
+                out.to(O.dtype.element_ty),
+                mask=g_ok[:, None],
+            )
         else:  # this split's normalised part and its log-sum-exp (base 2), -inf when it saw no key
-            tl.store(O + b * s_ob + h * s_oh + s * s_os + offs_g[:, None] * s_og + offs_d[None, :], out, mask=g_ok[:, None])
+            tl.store(
+                O + b * s_ob + h * s_oh + s * s_os + offs_g[:, None] * s_og + offs_d[None, :],
+                out,
+                mask=g_ok[:, None],
+            )
             lse = tl.where(live, m + tl.log2(tl.where(live, l, 1.0)), float("-inf"))
             tl.store(LSE + b * s_lb + h * s_lh + s * s_ls + offs_g, lse, mask=g_ok)
 
     @triton.jit
-    def decode_attention_combine(P, LSE, O, s_pb, s_ph, s_ps, s_pg, s_lb, s_lh, s_ls, s_ob, s_oh, s_og,
-                                 splits, groups, BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr):
+    def decode_attention_combine(
+        P,
+        LSE,
+        O,
+        s_pb,
+        s_ph,
+        s_ps,
+        s_pg,
+        s_lb,
+        s_lh,
+        s_ls,
+        s_ob,
+        s_oh,
+        s_og,
+        splits,
+        groups,
+        BLOCK_S: tl.constexpr,
+        BLOCK_G: tl.constexpr,
+        D: tl.constexpr,
+    ):
         b = tl.program_id(0)
         h = tl.program_id(1)
         offs_s = tl.arange(0, BLOCK_S)
         offs_g = tl.arange(0, BLOCK_G)
         offs_d = tl.arange(0, D)
         ok = (offs_s[:, None] < splits) & (offs_g[None, :] < groups)
-        lse = tl.load(LSE + b * s_lb + h * s_lh + offs_s[:, None] * s_ls + offs_g[None, :], mask=ok, other=float("-inf"))
+        lse = tl.load(
+            LSE + b * s_lb + h * s_lh + offs_s[:, None] * s_ls + offs_g[None, :], mask=ok, other=float("-inf")
+        )
         top = tl.max(lse, 0)  # [BLOCK_G]; split 0 always saw key 0, so this is finite for real groups
         top = tl.where(top == float("-inf"), 0.0, top)
         w = tl.exp2(lse - top[None, :])  # [BLOCK_S, BLOCK_G]
         total = tl.sum(w, 0)
-        parts = tl.load(P + b * s_pb + h * s_ph + offs_s[:, None, None] * s_ps + offs_g[None, :, None] * s_pg
-                        + offs_d[None, None, :], mask=ok[:, :, None], other=0.0)
+        parts = tl.load(
+            P
+            + b * s_pb
+            + h * s_ph
+            + offs_s[:, None, None] * s_ps
+            + offs_g[None, :, None] * s_pg
+            + offs_d[None, None, :],
+            mask=ok[:, :, None],
+            other=0.0,
+        )
         out = tl.sum(parts * w[:, :, None], 0) / tl.where(total > 0.0, total, 1.0)[:, None]
         g_ok = offs_g < groups
-        tl.store(O + b * s_ob + h * s_oh + offs_g[:, None] * s_og + offs_d[None, :], out.to(O.dtype.element_ty),
-                 mask=g_ok[:, None])
+        tl.store(
+            O + b * s_ob + h * s_oh + offs_g[:, None] * s_og + offs_d[None, :],
+            out.to(O.dtype.element_ty),
+            mask=g_ok[:, None],
+        )
 
     _split_kernel, _combine_kernel = decode_attention_split, decode_attention_combine
     return _split_kernel, _combine_kernel
@@ -150,8 +219,14 @@ def _next_power_of_two(value: int) -> int:
     return 1 << max(0, (value - 1).bit_length())
 
 
-def triton_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
-                            scale: float, splits: int | None = None) -> torch.Tensor:
+def triton_decode_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    splits: int | None = None,
+) -> torch.Tensor:
     """:func:`sdpa_decode_attention` computed by the split-KV kernels, reading only live keys."""
     split_kernel, combine_kernel = _kernels()
     batch, kv_heads, groups, head_dim = q.shape
@@ -167,30 +242,77 @@ def triton_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.T
     # float32 caches get true float32 products (Triton's default would be TF32): the trainer's
     # float32 log-probs are then matched to rounding, as with SDPA.
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    common = dict(BLOCK_G=block_g, BLOCK_N=BLOCK_N, D=head_dim, PRECISION=precision, num_warps=NUM_WARPS,
-                  num_stages=NUM_STAGES)
+    common = dict(
+        BLOCK_G=block_g,
+        BLOCK_N=BLOCK_N,
+        D=head_dim,
+        PRECISION=precision,
+        num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
+    )
     strides = (*q.stride()[:3], *keys.stride()[:3], *values.stride()[:3])
     if splits == 1:
         split_kernel[(batch, kv_heads, 1)](
-            q, keys, values, positions, out, out, *strides,
-            out.stride(0), out.stride(1), 0, out.stride(2), 0, 0, 0,
-            scale, groups, chunk, DIRECT=True, **common)
+            q,
+            keys,
+            values,
+            positions,
+            out,
+            out,
+            *strides,
+            out.stride(0),
+            out.stride(1),
+            0,
+            out.stride(2),
+            0,
+            0,
+            0,
+            scale,
+            groups,
+            chunk,
+            DIRECT=True,
+            **common,
+        )
         return out
     parts = torch.empty((batch, kv_heads, splits, groups, head_dim), dtype=torch.float32, device=q.device)
     lse = torch.empty((batch, kv_heads, splits, groups), dtype=torch.float32, device=q.device)
     split_kernel[(batch, kv_heads, splits)](
-        q, keys, values, positions, parts, lse, *strides,
-        *parts.stride()[:4], *lse.stride()[:3],
-        scale, groups, chunk, DIRECT=False, **common)
+        q,
+        keys,
+        values,
+        positions,
+        parts,
+        lse,
+        *strides,
+        *parts.stride()[:4],
+        *lse.stride()[:3],
+        scale,
+        groups,
+        chunk,
+        DIRECT=False,
+        **common,
+    )
     combine_kernel[(batch, kv_heads)](
-        parts, lse, out, *parts.stride()[:4], *lse.stride()[:3], *out.stride()[:3],
-        splits, groups, BLOCK_S=_next_power_of_two(splits), BLOCK_G=block_g, D=head_dim, num_warps=4)
+        parts,
+        lse,
+        out,
+        *parts.stride()[:4],
+        *lse.stride()[:3],
+        *out.stride()[:3],
+        splits,
+        groups,
+        BLOCK_S=_next_power_of_two(splits),
+        BLOCK_G=block_g,
+        D=head_dim,
+        num_warps=4,
+    )
     return out
 
 
 @torch.library.custom_op("rlcore_rollout_hf::decode_attention", mutates_args=())
-def _decode_attention_op(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
-                         scale: float) -> torch.Tensor:
+def _decode_attention_op(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, scale: float
+) -> torch.Tensor:
     return triton_decode_attention(q, keys, values, positions, scale)
 
 
@@ -199,8 +321,14 @@ def _(q, keys, values, positions, scale):
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
-def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
-                     scale: float, kernel: str = "auto") -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    kernel: str = "auto",
+) -> torch.Tensor:
     """One query per row against that row's live keys: ``kernel`` "triton" (the split-KV kernels,
     an opaque op to torch.compile), "sdpa" (the masked reference), or "auto" (Triton where usable)."""
     if kernel == "triton" or (kernel == "auto" and usable(q.device, q.shape[-1])):

@@ -18,7 +18,8 @@ Architectures whose layers follow that recipe are listed in :data:`SUPPORTED_MOD
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +48,12 @@ def unsupported_reason(model: Any) -> str | None:
     if model_type not in SUPPORTED_MODEL_TYPES:
         return f"model_type {model_type!r} is not one of {', '.join(sorted(SUPPORTED_MODEL_TYPES))}"
     inner = getattr(lm, "model", None)
-    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb") or not hasattr(lm, "lm_head"):
+    if (
+        inner is None
+        or not hasattr(inner, "layers")
+        or not hasattr(inner, "rotary_emb")
+        or not hasattr(lm, "lm_head")
+    ):
         return "the model lacks the usual .model.layers / .model.rotary_emb / .lm_head layout"
     for layer in inner.layers:
         attn = getattr(layer, "self_attn", None)
@@ -109,7 +115,10 @@ class FusedQKV:
         projections = [attn.q_proj, attn.k_proj, attn.v_proj]
         if not all(type(p) is torch.nn.Linear for p in projections):
             return False
-        return len({p.bias is None for p in projections}) == 1 and len({(p.weight.dtype, p.weight.device) for p in projections}) == 1
+        return (
+            len({p.bias is None for p in projections}) == 1
+            and len({(p.weight.dtype, p.weight.device) for p in projections}) == 1
+        )
 
     def refresh(self) -> None:
         """Copy the projections' current weights in (allocating the copies on first use, and anew
@@ -170,12 +179,20 @@ class SlotDecoder:
         self.layer_step = self._layer_step
         device = self.embed.weight.device
         if attention == "triton" and not usable(device, self.head_dim):
-            raise ValueError(f"the Triton decode attention needs CUDA, Triton and a power-of-two head size (here {device}, "
-                             f"head size {self.head_dim})")
+            raise ValueError(
+                f"the Triton decode attention needs CUDA, Triton and a power-of-two head size (here {device}, "
+                f"head size {self.head_dim})"
+            )
         # "triton": the live-keys kernel; "sdpa": one masked SDPA call over the whole capacity.
-        self.attention = "triton" if attention == "triton" or (attention == "auto" and usable(device, self.head_dim)) else "sdpa"
+        self.attention = (
+            "triton"
+            if attention == "triton" or (attention == "auto" and usable(device, self.head_dim))
+            else "sdpa"
+        )
         # Default: fused on CUDA, where the product's shape matters (see FusedQKV).
-        self.fused = FusedQKV(self.layers) if (device.type == "cuda" if fuse_qkv is None else fuse_qkv) else None
+        self.fused = (
+            FusedQKV(self.layers) if (device.type == "cuda" if fuse_qkv is None else fuse_qkv) else None
+        )
 
     def refresh(self) -> None:
         """Bring weight copies (the fused projections) up to date with the model: before generating."""
@@ -192,11 +209,15 @@ class SlotDecoder:
     def parameters_signature(self) -> tuple[int, ...]:
         """Storage addresses of every parameter (and of the fused copies): a captured graph is valid
         while these stay put (an optimizer updates in place; an FSDP gather allocates anew)."""
-        return tuple(p.data_ptr() for p in self.lm.parameters()) + (self.fused.pointers() if self.fused else ())
+        return tuple(p.data_ptr() for p in self.lm.parameters()) + (
+            self.fused.pointers() if self.fused else ()
+        )
 
     def new_cache(self, rows: int, capacity: int) -> SlotCache:
         weight = self.embed.weight
-        return SlotCache(len(self.layers), rows, self.kv_heads, capacity, self.head_dim, weight.dtype, weight.device)
+        return SlotCache(
+            len(self.layers), rows, self.kv_heads, capacity, self.head_dim, weight.dtype, weight.device
+        )
 
     @staticmethod
     def _norm(module: Any, x: torch.Tensor) -> torch.Tensor:
@@ -204,12 +225,16 @@ class SlotDecoder:
             return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
         return module(x)
 
-    def _qkv(self, attn: Any, x: torch.Tensor, cos, sin, fused=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _qkv(
+        self, attn: Any, x: torch.Tensor, cos, sin, fused=None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[B, T, hidden] -> q [B, heads, T, D], k and v [B, kv_heads, T, D], rotary applied;
         ``fused``: (weight, bias) of the three projections as one (:class:`FusedQKV`)."""
         batch, length = x.shape[:2]
         if fused is not None:
-            q, k, v = F.linear(x, *fused).split([self.heads * self.head_dim, *[self.kv_heads * self.head_dim] * 2], dim=-1)
+            q, k, v = F.linear(x, *fused).split(
+                [self.heads * self.head_dim, *[self.kv_heads * self.head_dim] * 2], dim=-1
+            )
         else:
             q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
         q = q.view(batch, length, self.heads, self.head_dim)
@@ -224,7 +249,9 @@ class SlotDecoder:
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm.lm_head(self._norm(self.inner.norm, hidden))
 
-    def prefill(self, cache: SlotCache, input_ids: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def prefill(
+        self, cache: SlotCache, input_ids: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor
+    ) -> torch.Tensor:
         """Run right-padded prompts ``input_ids`` [n, T] (true ``lengths`` [n]) into cache ``rows``
         [n]; return each prompt's next-token logits [n, vocab]. Causal attention makes the padding
         after a prompt invisible to it; the cache entries written for padding are overwritten by
@@ -239,7 +266,9 @@ class SlotDecoder:
             q, k, v = self._qkv(attn, self._norm(layer.input_layernorm, hidden), cos, sin, self._fused(index))
             cache.keys[index][rows, :, :width] = k
             cache.values[index][rows, :, :width] = v
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling, enable_gqa=self.groups > 1)
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.scaling, enable_gqa=self.groups > 1
+            )
             hidden = residual + attn.o_proj(out.transpose(1, 2).reshape(count, width, -1))
             hidden = hidden + layer.mlp(self._norm(layer.post_attention_layernorm, hidden))
         last = hidden[torch.arange(count, device=hidden.device), lengths - 1]
@@ -255,8 +284,17 @@ class SlotDecoder:
         hidden = self.embed(tokens[:, None])
         cos, sin = self.inner.rotary_emb(hidden, positions[:, None])
         for index, layer in enumerate(self.layers):
-            hidden = self.layer_step(layer, hidden, cos, sin, cache.keys[index], cache.values[index], rows, positions,
-                                     self._fused(index))
+            hidden = self.layer_step(
+                layer,
+                hidden,
+                cos,
+                sin,
+                cache.keys[index],
+                cache.values[index],
+                rows,
+                positions,
+                self._fused(index),
+            )
         return self._logits(hidden[:, 0])
 
     def _layer_step(self, layer, hidden, cos, sin, keys, values, rows, positions, fused=None) -> torch.Tensor:
@@ -283,4 +321,6 @@ class SlotDecoder:
 
     @property
     def compiled(self) -> bool:
-        return self.layer_step != self._layer_step  # bound methods: a new object at each access, equal when the same
+        return (
+            self.layer_step != self._layer_step
+        )  # bound methods: a new object at each access, equal when the same

@@ -20,7 +20,8 @@ import contextlib
 import copy
 import gc
 import inspect
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -95,7 +96,9 @@ class HFRolloutEngine:
         self._keeps_logits = "logits_to_keep" in forward_params
         peft_config = getattr(self.model, "active_peft_config", None)
         if peft_config is not None and getattr(peft_config, "is_prompt_learning", False):
-            raise UsageError("the hf rollout engine does not support peft prompt-learning adapters (prefix/prompt tuning)")
+            raise UsageError(
+                "the hf rollout engine does not support peft prompt-learning adapters (prefix/prompt tuning)"
+            )
         self.fast = self._fast_generator()
 
     def _fast_generator(self) -> FastGenerator | None:
@@ -105,19 +108,26 @@ class HFRolloutEngine:
         reason = unsupported_reason(self.model)
         if reason:
             if mode == "on":
-                raise UsageError(f"[rollout] fast_path = \"on\" cannot run this model: {reason}; use \"auto\" or \"off\"")
+                raise UsageError(
+                    f'[rollout] fast_path = "on" cannot run this model: {reason}; use "auto" or "off"'
+                )
             return None
         try:
             decoder = SlotDecoder(self.model, attention=self.options.decode_attention)
-        except ValueError as error:  # the model itself passed unsupported_reason: the attention kernel cannot run
-            raise UsageError(f'[rollout] decode_attention = "triton": {error}; use "auto" or "sdpa"') from error
+        except (
+            ValueError
+        ) as error:  # the model itself passed unsupported_reason: the attention kernel cannot run
+            raise UsageError(
+                f'[rollout] decode_attention = "triton": {error}; use "auto" or "sdpa"'
+            ) from error
         return FastGenerator(
             decoder,
             self.device,
             max_rows=self.options.max_batch_size,
             cuda_graphs=self.options.cuda_graphs,
             sync_every=self.options.sync_every,
-            compile=self.options.compile is True or (self.options.compile == "auto" and self.device.type == "cuda"),
+            compile=self.options.compile is True
+            or (self.options.compile == "auto" and self.device.type == "cuda"),
         )
 
     # ------------------------------------------------------------------ contract
@@ -138,7 +148,9 @@ class HFRolloutEngine:
         if not prompts:
             return []
         if params.stop and self.tokenizer is None:
-            raise UsageError("stop strings need a tokenizer; build the hf engine with a tokenizer in its BuildContext")
+            raise UsageError(
+                "stop strings need a tokenizer; build the hf engine with a tokenizer in its BuildContext"
+            )
         stop_ids = self._stop_ids(params)
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
         generator = torch.Generator(device=self.device)
@@ -150,14 +162,27 @@ class HFRolloutEngine:
         with self._generation_mode():
             if self.fast is not None:
                 out = self.fast.generate(
-                    [prompts[i] for i in rows], rows, [caps[i] for i in rows], params, stop_ids,
-                    generator, self.tokenizer, self.options.share_prefill,
+                    [prompts[i] for i in rows],
+                    rows,
+                    [caps[i] for i in rows],
+                    params,
+                    stop_ids,
+                    generator,
+                    self.tokenizer,
+                    self.options.share_prefill,
                 )
             else:
                 for start in range(0, len(rows), self.options.max_batch_size):
                     chunk = rows[start : start + self.options.max_batch_size]
                     out.extend(
-                        self._generate_chunk([prompts[i] for i in chunk], chunk, [caps[i] for i in chunk], params, stop_ids, generator)
+                        self._generate_chunk(
+                            [prompts[i] for i in chunk],
+                            chunk,
+                            [caps[i] for i in chunk],
+                            params,
+                            stop_ids,
+                            generator,
+                        )
                     )
         n = params.n
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
@@ -199,8 +224,12 @@ class HFRolloutEngine:
                 out.append([list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())])
         return out
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor], *,
-                       lora: Any = None) -> None:
+    def update_weights(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor],
+        *,
+        lora: Any = None,
+    ) -> None:
         """Copy the trainer's tensors in; a no-op (the iterable is not consumed) when sharing the actor.
         With ``lora`` (rank, alpha, target modules, or an adapter_config.json as ``peft_config``)
         the tensors are a LoRA adapter alone (PEFT names): it is loaded over the engine's base
@@ -264,7 +293,9 @@ class HFRolloutEngine:
                 raise UsageError(f"prompt {i} is empty; the hf engine needs at least one prompt token")
             bad = [t for t in ids if not 0 <= t < self.vocab_size]
             if bad:
-                raise UsageError(f"prompt {i} has token ids outside the model's vocabulary [0, {self.vocab_size}): {bad[:5]}")
+                raise UsageError(
+                    f"prompt {i} has token ids outside the model's vocabulary [0, {self.vocab_size}): {bad[:5]}"
+                )
             if self.max_positions and len(ids) >= self.max_positions:
                 raise UsageError(
                     f"prompt {i} has {len(ids)} tokens; the model has only {self.max_positions} positions"
@@ -272,7 +303,9 @@ class HFRolloutEngine:
             checked.append(ids)
         return checked
 
-    def _caps(self, prompts: list[list[int]], params: SamplingParams, caps: Sequence[int] | None) -> list[int]:
+    def _caps(
+        self, prompts: list[list[int]], params: SamplingParams, caps: Sequence[int] | None
+    ) -> list[int]:
         """Per prompt: most new tokens, within ``params.max_new_tokens`` and the model's positions."""
         if caps is None:
             caps = [params.max_new_tokens] * len(prompts)
@@ -366,7 +399,9 @@ class HFRolloutEngine:
         done = [False] * batch
         remaining = batch
         for _step in range(max(limits)):
-            chosen, chosen_logp = sample_next(logits, params.temperature, params.top_k, params.top_p, generator)
+            chosen, chosen_logp = sample_next(
+                logits, params.temperature, params.top_k, params.top_p, generator
+            )
             for seq, token, logp in zip(live, chosen.tolist(), chosen_logp.tolist()):
                 if done[seq]:
                     continue
@@ -389,10 +424,15 @@ class HFRolloutEngine:
                 chosen, mask, next_position = chosen[index], mask[index], next_position[index]
                 live = [live[b] for b in keep]
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
-            logits, cache = self._forward(chosen[:, None], mask, next_position[:, None], cache, last_only=False)
+            logits, cache = self._forward(
+                chosen[:, None], mask, next_position[:, None], cache, last_only=False
+            )
             next_position = next_position + 1
         del cache
-        return [Completion(token_ids=t, logprobs=lp, finish_reason=r) for t, lp, r in zip(tokens, logprobs, reasons)]
+        return [
+            Completion(token_ids=t, logprobs=lp, finish_reason=r)
+            for t, lp, r in zip(tokens, logprobs, reasons)
+        ]
 
 
 # ---------------------------------------------------------------------- factory
@@ -438,7 +478,12 @@ def build(options: HFEngineOptions, context: BuildContext | None = None) -> HFRo
     context = context or BuildContext()
     device = torch.device(context.device or "cpu")
     actor = context.actor
-    if actor is not None and options.share_actor and not context.concurrent and same_device(module_device(actor), device):
+    if (
+        actor is not None
+        and options.share_actor
+        and not context.concurrent
+        and same_device(module_device(actor), device)
+    ):
         return HFRolloutEngine(actor, tokenizer=context.tokenizer, options=options, shares_actor=True)
     if context.model_path:
         model = _load_own_model(options, context, device)

@@ -20,8 +20,9 @@ stop string and before the sync are dropped.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -173,7 +174,9 @@ class FastGenerator:
         self.workspace = ws
         return ws
 
-    def _step(self, ws: Workspace, batch: int, temperature: float, top_k: int, top_p: float, stop: torch.Tensor) -> None:
+    def _step(
+        self, ws: Workspace, batch: int, temperature: float, top_k: int, top_p: float, stop: torch.Tensor
+    ) -> None:
         """One decode step for rows [0, batch): everything in place, nothing read back."""
         logits = self.decoder.decode(ws.cache, ws.tokens[:batch], ws.positions[:batch])
         uniform = ws.uniform[:batch] if temperature else None
@@ -201,7 +204,9 @@ class FastGenerator:
         except Exception as error:  # noqa: BLE001 -- any compiler failure; the eager layers are equivalent
             from loguru import logger
 
-            logger.warning(f"hf engine: torch.compile of the decode step failed, running it uncompiled: {error}")
+            logger.warning(
+                f"hf engine: torch.compile of the decode step failed, running it uncompiled: {error}"
+            )
             self.decoder.compile_layers(False)
             self._step(*args)
 
@@ -259,7 +264,19 @@ class FastGenerator:
 class _Run:
     """The host side of one ``generate`` call: which request sits in which row, and when to look."""
 
-    def __init__(self, owner: FastGenerator, ws: Workspace, prompts, groups, limits, params, stop_ids, generator, tokenizer, share_prefill):
+    def __init__(
+        self,
+        owner: FastGenerator,
+        ws: Workspace,
+        prompts,
+        groups,
+        limits,
+        params,
+        stop_ids,
+        generator,
+        tokenizer,
+        share_prefill,
+    ):
         self.owner, self.ws = owner, ws
         self.prompts, self.limits, self.params = prompts, list(limits), params
         self.stop_ids, self.generator, self.share_prefill = stop_ids, generator, share_prefill
@@ -267,7 +284,9 @@ class _Run:
         self.results: list[Completion | None] = [None] * len(prompts)
         self.row_request: list[int] = []  # row -> request index, for rows [0, len)
         self.row_length: list[int] = []  # host copy of lengths for those rows, as of the last sync
-        self.checkers = [StopChecker(frozenset(), params.stop, tokenizer) for _ in prompts] if params.stop else None
+        self.checkers = (
+            [StopChecker(frozenset(), params.stop, tokenizer) for _ in prompts] if params.stop else None
+        )
         self.checked = [0] * len(prompts)  # tokens of each request already fed to its checker
         self.string_stopped: set[int] = set()
         # Requests of one prompt enter together (so that its prefill is shared).

@@ -15,7 +15,10 @@ from rlcore.components import Options
 class HFEngineOptions(Options):
     memory_options = ("max_batch_size",)  # named when generation runs out of memory
     max_batch_size: int = Field(
-        128, ge=1, le=65536, description="most sequences (prompts x samples) decoded together in one forward pass"
+        128,
+        ge=1,
+        le=65536,
+        description="most sequences (prompts x samples) decoded together in one forward pass",
     )
     share_prefill: bool = Field(
         True, description="prefill each prompt once and copy its KV cache to its n samples"
@@ -25,7 +28,8 @@ class HFEngineOptions(Options):
         description="generate with the trainer's actor module itself (no copy) when it lives on the engine's device",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(
-        None, description="dtype of the engine's own model copy; default: [model] dtype (ignored when sharing the actor)"
+        None,
+        description="dtype of the engine's own model copy; default: [model] dtype (ignored when sharing the actor)",
     )
     compact_fraction: float = Field(
         0.25,
@@ -43,7 +47,9 @@ class HFEngineOptions(Options):
         "auto = on CUDA for those architectures, on = everywhere (an error for other architectures), "
         "off = the model's own forward with a DynamicCache",
     )
-    cuda_graphs: bool = Field(True, description="capture the fast path's decode step as CUDA graphs (CUDA only)")
+    cuda_graphs: bool = Field(
+        True, description="capture the fast path's decode step as CUDA graphs (CUDA only)"
+    )
     compile: bool | Literal["auto"] = Field(
         "auto",
         description="fast path: torch.compile the per-layer decode step, one compilation per batch bucket "

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-
 # The inverse CDF is found in two levels: first the block of this many tokens, then the token in
 # it. A cumulative sum over a whole 152k vocabulary is a slow scan on a GPU (0.3 ms of a 3 ms
 # decode step at batch 256 on an H200); block sums are one reduction, and the scan runs over
@@ -67,7 +66,9 @@ def sample_next(
     """
     uniform = None
     if temperature != 0.0:
-        uniform = torch.rand((logits.shape[0],), generator=generator, device=logits.device, dtype=torch.float32)
+        uniform = torch.rand(
+            (logits.shape[0],), generator=generator, device=logits.device, dtype=torch.float32
+        )
     return sample_with_uniform(logits, temperature, top_k, top_p, uniform)
 
 

@@ -9,7 +9,8 @@ run past the stop string.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 _REPLACEMENT = "\ufffd"  # what decode yields for an unfinished multi-byte character
 

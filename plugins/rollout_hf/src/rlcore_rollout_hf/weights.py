@@ -10,7 +10,8 @@ they arrive through :func:`load_adapter` instead (``update_weights(..., lora=...
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from rlcore.errors import UsageError
 
@@ -102,16 +103,24 @@ def load_adapter(model: Any, named_tensors: Iterable[tuple[str, Any]] | Mapping[
         raise UsageError("update_weights(lora=...) received no adapter tensors")
     stray = [name for name in tensors if not any(marker in name for marker in _LORA_MARKERS)]
     if stray:
-        raise UsageError(f"update_weights(lora=...) expects only LoRA adapter tensors (PEFT names), got e.g. {stray[0]!r}")
+        raise UsageError(
+            f"update_weights(lora=...) expects only LoRA adapter tensors (PEFT names), got e.g. {stray[0]!r}"
+        )
     if not isinstance(model, peft.PeftModel):
         config = adapter_config(lora)
         known = {f.name for f in dataclasses.fields(peft.LoraConfig)}
-        settings = {k: v for k, v in config.items() if k in known and k not in ("peft_type", "base_model_name_or_path", "revision")}
+        settings = {
+            k: v
+            for k, v in config.items()
+            if k in known and k not in ("peft_type", "base_model_name_or_path", "revision")
+        }
         model = peft.get_peft_model(model, peft.LoraConfig(**{**settings, "inference_mode": True}))
         model.eval()
     result = peft.set_peft_model_state_dict(model, tensors)
     unexpected = list(getattr(result, "unexpected_keys", None) or [])
     if unexpected:
-        raise UsageError(f"update_weights(lora=...): the engine's adapter has no tensor {unexpected[0]!r} "
-                         f"({len(unexpected)} unexpected); was the spec's target_modules the trainer's?")
+        raise UsageError(
+            f"update_weights(lora=...): the engine's adapter has no tensor {unexpected[0]!r} "
+            f"({len(unexpected)} unexpected); was the spec's target_modules the trainer's?"
+        )
     return model

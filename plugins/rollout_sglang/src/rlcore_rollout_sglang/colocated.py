@@ -19,10 +19,10 @@ from typing import Any
 
 from loguru import logger
 
-from rlcore.errors import RlcoreError, UsageError
-from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore.engine_kit.samples import apply_stop_strings, replicate
 from rlcore.engine_kit.weights import adapter_config, adapter_name, buckets, write_adapter
+from rlcore.errors import RlcoreError, UsageError
+from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore_rollout_sglang import SGLANG_VERSION
 from rlcore_rollout_sglang.options import SGLangOptions
 from rlcore_rollout_sglang.results import check
@@ -42,7 +42,9 @@ def import_sglang() -> Any:
         ) from None
     version = getattr(sglang, "__version__", "unknown")
     if version != SGLANG_VERSION:
-        logger.warning("SGLang {} is installed; rlcore-rollout-sglang is written against {}", version, SGLANG_VERSION)
+        logger.warning(
+            "SGLang {} is installed; rlcore-rollout-sglang is written against {}", version, SGLANG_VERSION
+        )
     return sglang
 
 
@@ -53,7 +55,9 @@ class SGLangColocatedEngine:
 
     shares_actor = False  # it holds its own weights: the trainer sends them (update_weights)
 
-    def __init__(self, options: SGLangOptions, context: BuildContext | None = None, *, engine_factory: Any = None):
+    def __init__(
+        self, options: SGLangOptions, context: BuildContext | None = None, *, engine_factory: Any = None
+    ):
         self.options = options
         self.tokenizer = (context or BuildContext()).tokenizer
         kwargs = engine_kwargs(options, context)
@@ -77,7 +81,9 @@ class SGLangColocatedEngine:
         if self.asleep:
             raise RlcoreError("sglang engine: generate() called while asleep; call wake_up() first")
         if params.stop and self.tokenizer is None:
-            raise UsageError("stop strings need the run's tokenizer (SGLang runs without one here); none was given to the engine")
+            raise UsageError(
+                "stop strings need the run's tokenizer (SGLang runs without one here); none was given to the engine"
+            )
         if not prompts:
             return []
         sp = sampling_params(params, with_stop_strings=False)
@@ -85,7 +91,10 @@ class SGLangColocatedEngine:
         if self.lora_name is not None:
             kwargs["lora_path"] = [self.lora_name] * len(prompts)
         out = self.engine.generate(
-            input_ids=[[int(t) for t in p] for p in prompts], sampling_params=sp, return_logprob=True, **kwargs
+            input_ids=[[int(t) for t in p] for p in prompts],
+            sampling_params=sp,
+            return_logprob=True,
+            **kwargs,
         )
         groups = group_outputs(out, len(prompts), sp["n"], "SGLang engine")
         groups = [replicate(g, params.n) for g in groups]
@@ -119,7 +128,10 @@ class SGLangColocatedEngine:
             return
         if self.asleep and self._weights_asleep:
             # Only the weights come back; the KV cache stays released until wake_up().
-            check(self.engine.resume_memory_occupation(tags=["weights"]), "SGLang resume_memory_occupation (weights)")
+            check(
+                self.engine.resume_memory_occupation(tags=["weights"]),
+                "SGLang resume_memory_occupation (weights)",
+            )
             self._weights_asleep = False
         sent = 0
         pending: list | None = None
@@ -138,20 +150,28 @@ class SGLangColocatedEngine:
         try:
             result = self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=flush_cache)
         except (KeyError, ValueError, AssertionError, RuntimeError) as exc:
-            raise RlcoreError(f"SGLang rejected a weight update (bucket with {names}, ...): {type(exc).__name__}: {exc}") from exc
+            raise RlcoreError(
+                f"SGLang rejected a weight update (bucket with {names}, ...): {type(exc).__name__}: {exc}"
+            ) from exc
         check(result, f"SGLang weight update (bucket with {names}, ...)")
         return len(bucket)
 
     def _update_lora(self, named_tensors, lora: Any) -> None:
         if not self.options.lora_rank:
-            raise UsageError("update_weights(lora=...) needs rollout.lora_rank set so that SGLang starts with LoRA enabled")
+            raise UsageError(
+                "update_weights(lora=...) needs rollout.lora_rank set so that SGLang starts with LoRA enabled"
+            )
         rank = int(adapter_config(lora)["r"])
         if rank > self.options.lora_rank:
-            raise UsageError(f"the adapter's rank {rank} is above rollout.lora_rank = {self.options.lora_rank}")
+            raise UsageError(
+                f"the adapter's rank {rank} is above rollout.lora_rank = {self.options.lora_rank}"
+            )
         self._lora_version += 1
         name = f"{adapter_name(lora)}-lora-v{self._lora_version}"
         path = write_adapter(named_tensors, lora, self._lora_root / name)
-        check(self.engine.load_lora_adapter(lora_name=name, lora_path=str(path)), f"SGLang LoRA load of {name}")
+        check(
+            self.engine.load_lora_adapter(lora_name=name, lora_path=str(path)), f"SGLang LoRA load of {name}"
+        )
         old, self.lora_name = self.lora_name, name
         if old is not None:
             try:

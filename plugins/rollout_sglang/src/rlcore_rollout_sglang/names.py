@@ -9,13 +9,13 @@ SGLang's own check runs when the engine starts, and its error is reported as a u
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 from rlcore.engine_kit.options import read_names
 from rlcore_rollout_sglang import SGLANG_VERSION
 
 
-@lru_cache(maxsize=None)
+@cache
 def names(kind: str) -> frozenset[str]:
     """``kind`` is ``server-args`` or ``sampling-params``."""
     return read_names("rlcore_rollout_sglang", f"sglang-{SGLANG_VERSION}-{kind}.txt")

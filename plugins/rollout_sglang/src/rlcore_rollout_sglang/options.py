@@ -52,23 +52,35 @@ ALIASES = {
 class SGLangOptions(Options):
     memory_options = ("mem_fraction_static",)  # named when generation runs out of memory
     mode: Literal["colocated", "server"] = Field(
-        "colocated", description="colocated: sglang.Engine in this process; server: HTTP to running SGLang servers"
+        "colocated",
+        description="colocated: sglang.Engine in this process; server: HTTP to running SGLang servers",
     )
-    model: str | None = Field(None, description="model directory for SGLang (colocated); default: [model] path")
+    model: str | None = Field(
+        None, description="model directory for SGLang (colocated); default: [model] path"
+    )
     # ---------------------------------------------------------------- engine (colocated)
     tensor_parallel_size: int = Field(1, ge=1, le=512, description="SGLang's tp_size")
     mem_fraction_static: float = Field(
-        0.5, gt=0.0, lt=1.0, description="fraction of GPU memory for weights and KV cache (vLLM: gpu_memory_utilization)"
+        0.5,
+        gt=0.0,
+        lt=1.0,
+        description="fraction of GPU memory for weights and KV cache (vLLM: gpu_memory_utilization)",
     )
     max_running_requests: int | None = Field(None, ge=1, description="default: SGLang's")
     context_length: int | None = Field(None, ge=1, description="default: the model's")
-    enable_prefix_caching: bool = Field(True, description="the radix cache (SGLang's disable_radix_cache, inverted)")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(None, description="default: [model] dtype")
+    enable_prefix_caching: bool = Field(
+        True, description="the radix cache (SGLang's disable_radix_cache, inverted)"
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(
+        None, description="default: [model] dtype"
+    )
     random_seed: int | None = Field(None, ge=0, description="engine seed (default: [run] seed)")
     disable_cuda_graph: bool = Field(False, description="no CUDA graphs (vLLM: enforce_eager)")
     # ---------------------------------------------------------------- the same options under their other names
     tp_size: int | None = Field(None, ge=1, le=512, description="same as tensor_parallel_size")
-    gpu_memory_utilization: float | None = Field(None, gt=0.0, lt=1.0, description="same as mem_fraction_static")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0.0, lt=1.0, description="same as mem_fraction_static"
+    )
     max_num_seqs: int | None = Field(None, ge=1, description="same as max_running_requests")
     max_model_len: int | None = Field(None, ge=1, description="same as context_length")
     seed: int | None = Field(None, ge=0, description="same as random_seed")
@@ -79,29 +91,47 @@ class SGLangOptions(Options):
         "2 releases both without a copy (the next update_weights must send every weight)",
     )
     lora_rank: int | None = Field(None, ge=1, le=1024, description="enable LoRA adapters up to this rank")
-    lora_target_modules: list[str] | None = Field(None, description="modules LoRA may target (default: all SGLang supports)")
-    weight_bucket_mb: int = Field(512, ge=1, description="full weight updates are sent in buckets of about this size")
+    lora_target_modules: list[str] | None = Field(
+        None, description="modules LoRA may target (default: all SGLang supports)"
+    )
+    weight_bucket_mb: int = Field(
+        512, ge=1, description="full weight updates are sent in buckets of about this size"
+    )
     engine_args: dict[str, Any] = Field(
-        default_factory=dict, description=f"further sglang.Engine / ServerArgs keyword arguments ({SGLANG_VERSION} names)"
+        default_factory=dict,
+        description=f"further sglang.Engine / ServerArgs keyword arguments ({SGLANG_VERSION} names)",
     )
     # ---------------------------------------------------------------- servers
-    servers: list[str] = Field(default_factory=list, description="base URLs of running SGLang servers (mode = server)")
-    api_key: str | None = Field(None, description="bearer token for the servers (their --api-key / --admin-api-key)")
+    servers: list[str] = Field(
+        default_factory=list, description="base URLs of running SGLang servers (mode = server)"
+    )
+    api_key: str | None = Field(
+        None, description="bearer token for the servers (their --api-key / --admin-api-key)"
+    )
     request_timeout_s: float = Field(600.0, gt=0)
     connect_timeout_s: float = Field(10.0, gt=0)
-    max_retries: int = Field(2, ge=0, description="a failed request is sent again, whole, to another server this many times")
+    max_retries: int = Field(
+        2, ge=0, description="a failed request is sent again, whole, to another server this many times"
+    )
     max_concurrency: int = Field(64, ge=1, description="requests in flight across all servers")
     weight_sync_dir: str | None = Field(
-        None, description="directory every server can read: weights and LoRA adapters are written there for them to load"
+        None,
+        description="directory every server can read: weights and LoRA adapters are written there for them to load",
     )
     server_sleep: bool = Field(
-        False, description="forward sleep()/wake_up() to the servers (they must run with --enable-memory-saver)"
+        False,
+        description="forward sleep()/wake_up() to the servers (they must run with --enable-memory-saver)",
     )
 
     @field_validator("engine_args")
     @classmethod
     def _known_engine_args(cls, value: dict[str, Any]) -> dict[str, Any]:
-        check_engine_args(value, known=names("server-args"), own_fields=OWN_FIELDS, where=f"SGLang {SGLANG_VERSION} (ServerArgs)")
+        check_engine_args(
+            value,
+            known=names("server-args"),
+            own_fields=OWN_FIELDS,
+            where=f"SGLang {SGLANG_VERSION} (ServerArgs)",
+        )
         return value
 
     @field_validator("servers")
@@ -110,7 +140,7 @@ class SGLangOptions(Options):
         return check_server_urls(value, "http://127.0.0.1:30000")
 
     @model_validator(mode="after")
-    def _mode(self) -> "SGLangOptions":
+    def _mode(self) -> SGLangOptions:
         for other, own in ALIASES.items():
             value = getattr(self, other)
             if value is None:

@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rlcore.errors import RlcoreError
-from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore.engine_kit.options import colocated_model
 from rlcore.engine_kit.samples import samples_to_request
+from rlcore.errors import RlcoreError
+from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore_rollout_sglang.options import SGLangOptions
 
 # The GenerateReqInput fields rlcore sends (Engine.generate's keyword arguments, /generate's JSON).
@@ -86,7 +86,9 @@ def sampling_params(params: SamplingParams, *, with_stop_strings: bool = True) -
     return sp
 
 
-def generate_body(prompt: Sequence[int], params: SamplingParams, lora_name: str | None = None) -> dict[str, Any]:
+def generate_body(
+    prompt: Sequence[int], params: SamplingParams, lora_name: str | None = None
+) -> dict[str, Any]:
     """The ``POST /generate`` JSON for one prompt: token ids in, token ids and log-probs out."""
     body: dict[str, Any] = {
         "input_ids": [[int(t) for t in prompt]],  # a batch of one: the answer is always a list

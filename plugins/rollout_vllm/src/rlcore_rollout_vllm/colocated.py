@@ -12,15 +12,16 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from loguru import logger
 
-from rlcore.errors import RlcoreError, UsageError
-from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore.engine_kit.options import unknown_name_message
 from rlcore.engine_kit.samples import replicate
 from rlcore.engine_kit.weights import buckets, write_adapter
+from rlcore.errors import RlcoreError, UsageError
+from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore_rollout_vllm import compat
 from rlcore_rollout_vllm.names import live_engine_args
 from rlcore_rollout_vllm.options import VLLMOptions
@@ -80,16 +81,23 @@ class VLLMColocatedEngine:
             unknown = [k for k in kwargs if k not in live]
             if unknown:
                 raise UsageError(
-                    "rollout.engine_args: " + "; ".join(unknown_name_message(k, live, f"the installed vLLM {self.version}") for k in unknown)
+                    "rollout.engine_args: "
+                    + "; ".join(
+                        unknown_name_message(k, live, f"the installed vLLM {self.version}") for k in unknown
+                    )
                 )
-        self.multiprocess = options.tensor_parallel_size > 1 or os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1"
+        self.multiprocess = (
+            options.tensor_parallel_size > 1 or os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1"
+        )
         if not self.multiprocess:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         else:  # apply_model's function travels to worker processes pickled
             os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         from vllm import LLM
 
-        logger.info("starting vLLM {} with {}", self.version, {k: v for k, v in kwargs.items() if k != "model"})
+        logger.info(
+            "starting vLLM {} with {}", self.version, {k: v for k, v in kwargs.items() if k != "model"}
+        )
         try:
             self.llm = LLM(**kwargs)
         except (ValueError, TypeError) as exc:
@@ -157,21 +165,29 @@ class VLLMColocatedEngine:
                 self.llm.apply_model(functools.partial(_load_bucket, bucket))
             except (KeyError, ValueError, AssertionError, RuntimeError) as exc:
                 names = ", ".join(n for n, _ in bucket[:3])
-                raise RlcoreError(f"vLLM {self.version} rejected a weight update (bucket with {names}, ...): {type(exc).__name__}: {exc}") from exc
+                raise RlcoreError(
+                    f"vLLM {self.version} rejected a weight update (bucket with {names}, ...): {type(exc).__name__}: {exc}"
+                ) from exc
             total += len(bucket)
         if total == 0:
             raise RlcoreError("vllm engine: update_weights received no tensors")
         if self.options.quantization:
-            self.llm.apply_model(functools.partial(_finish_quantized_reload, model_config=self.llm.llm_engine.model_config))
+            self.llm.apply_model(
+                functools.partial(_finish_quantized_reload, model_config=self.llm.llm_engine.model_config)
+            )
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         self.weight_version += 1
         logger.debug("vLLM: loaded {} tensors (weight version {})", total, self.weight_version)
 
     def _update_lora(self, named_tensors, spec: LoraSpec) -> None:
         if not self.options.lora_rank:
-            raise UsageError("update_weights(lora=...) needs rollout.lora_rank set so that vLLM starts with LoRA enabled")
+            raise UsageError(
+                "update_weights(lora=...) needs rollout.lora_rank set so that vLLM starts with LoRA enabled"
+            )
         if spec.rank > self.options.lora_rank:
-            raise UsageError(f"the adapter's rank {spec.rank} is above rollout.lora_rank = {self.options.lora_rank}")
+            raise UsageError(
+                f"the adapter's rank {spec.rank} is above rollout.lora_rank = {self.options.lora_rank}"
+            )
         from vllm.lora.request import LoRARequest
 
         self._lora_version += 1
@@ -182,7 +198,9 @@ class VLLMColocatedEngine:
             self.llm.llm_engine.add_lora(self._lora_request)
         except Exception as exc:  # noqa: BLE001 - vLLM raises several kinds for a bad adapter
             self._lora_request = old
-            raise RlcoreError(f"vLLM {self.version} rejected the LoRA adapter: {type(exc).__name__}: {exc}") from exc
+            raise RlcoreError(
+                f"vLLM {self.version} rejected the LoRA adapter: {type(exc).__name__}: {exc}"
+            ) from exc
         if old is not None:
             self.llm.llm_engine.remove_lora(old.lora_int_id)
         self.llm.reset_prefix_cache()

@@ -44,7 +44,9 @@ def check_version(version: str | None = None) -> str:
         version = vllm.__version__
     low, high = (_minor(v) for v in SUPPORTED_VLLM)
     if not (low <= _minor(version) <= high):
-        logger.warning("vLLM {} is outside the range rlcore-rollout-vllm supports ({} to {})", version, *SUPPORTED_VLLM)
+        logger.warning(
+            "vLLM {} is outside the range rlcore-rollout-vllm supports ({} to {})", version, *SUPPORTED_VLLM
+        )
     return version
 
 
@@ -70,5 +72,9 @@ def completions_of(request_output: Any, n: int) -> list[Completion]:
         lps = [_logprob_of(entry, tok) for entry, tok in zip(o.logprobs, ids)]
         if len(lps) != len(ids):
             raise RlcoreError(f"vLLM returned {len(lps)} log-probs for {len(ids)} tokens")
-        result.append(Completion(token_ids=ids, logprobs=lps, finish_reason="stop" if o.finish_reason == "stop" else "length"))
+        result.append(
+            Completion(
+                token_ids=ids, logprobs=lps, finish_reason="stop" if o.finish_reason == "stop" else "length"
+            )
+        )
     return result

@@ -7,14 +7,14 @@ vLLM. At build time the installed vLLM's own names are checked too (:func:`live_
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 from rlcore.engine_kit.options import read_names
 
 VERSIONS = ("0.26.0", "0.33.0")
 
 
-@lru_cache(maxsize=None)
+@cache
 def names(kind: str, version: str) -> frozenset[str]:
     """``kind`` is ``engine-args``, ``sampling-params`` or ``completion-request``."""
     return read_names("rlcore_rollout_vllm", f"vllm-{version}-{kind}.txt")

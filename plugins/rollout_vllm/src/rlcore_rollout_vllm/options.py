@@ -35,16 +35,26 @@ OWN_FIELDS = {
 class VLLMOptions(Options):
     memory_options = ("gpu_memory_utilization",)  # named when generation runs out of memory
     mode: Literal["colocated", "server"] = Field(
-        "colocated", description="colocated: vLLM runs in this process; server: talk HTTP to running `vllm serve`s"
+        "colocated",
+        description="colocated: vLLM runs in this process; server: talk HTTP to running `vllm serve`s",
     )
     # ---------------------------------------------------------------- engine (colocated)
-    model: str | None = Field(None, description="model directory for vLLM (colocated) or served model name (server); default: [model] path")
+    model: str | None = Field(
+        None,
+        description="model directory for vLLM (colocated) or served model name (server); default: [model] path",
+    )
     tensor_parallel_size: int = Field(1, ge=1, le=512)
-    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="fraction of GPU memory vLLM may take")
-    max_num_seqs: int | None = Field(None, ge=1, description="sequences per engine step (vLLM's default when unset)")
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0.0, le=1.0, description="fraction of GPU memory vLLM may take"
+    )
+    max_num_seqs: int | None = Field(
+        None, ge=1, description="sequences per engine step (vLLM's default when unset)"
+    )
     max_model_len: int | None = Field(None, ge=1, description="context length (default: the model's)")
     enable_prefix_caching: bool = True
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(None, description="default: [model] dtype")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(
+        None, description="default: [model] dtype"
+    )
     seed: int | None = Field(None, ge=0, description="engine seed (default: [run] seed)")
     enforce_eager: bool = Field(False, description="no CUDA graphs: faster start, slower decoding")
     sleep_level: Literal[0, 1, 2] = Field(
@@ -53,7 +63,9 @@ class VLLMOptions(Options):
         "2 frees both (the next update_weights must send every weight)",
     )
     lora_rank: int | None = Field(
-        None, ge=1, le=512,
+        None,
+        ge=1,
+        le=512,
         description="enable LoRA adapters up to this rank; a [model.lora] run then sends the adapters alone at each "
         "weight sync (without it: the merged weights)",
     )
@@ -63,24 +75,35 @@ class VLLMOptions(Options):
         "at each weight update; its log-probs then differ more from the trainer's, so [algorithm] rollout_correction "
         "must be set",
     )
-    weight_bucket_mb: int = Field(512, ge=1, description="full weight updates are sent in buckets of about this size")
+    weight_bucket_mb: int = Field(
+        512, ge=1, description="full weight updates are sent in buckets of about this size"
+    )
     logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = Field(
-        "processed_logprobs", description="processed = after temperature/top-k/top-p, as the trainer's ratio needs"
+        "processed_logprobs",
+        description="processed = after temperature/top-k/top-p, as the trainer's ratio needs",
     )
     engine_args: dict[str, Any] = Field(
-        default_factory=dict, description="further vllm.LLM / EngineArgs keyword arguments, checked against vLLM's names"
+        default_factory=dict,
+        description="further vllm.LLM / EngineArgs keyword arguments, checked against vLLM's names",
     )
     # ---------------------------------------------------------------- servers
-    servers: list[str] = Field(default_factory=list, description="base URLs of running vLLM servers (mode = server)")
+    servers: list[str] = Field(
+        default_factory=list, description="base URLs of running vLLM servers (mode = server)"
+    )
     api_key: str | None = Field(None, description="bearer token for the servers")
     request_timeout_s: float = Field(600.0, gt=0)
     connect_timeout_s: float = Field(10.0, gt=0)
-    max_retries: int = Field(2, ge=0, description="a failed request is retried this many times on other servers")
+    max_retries: int = Field(
+        2, ge=0, description="a failed request is retried this many times on other servers"
+    )
     max_concurrency: int = Field(64, ge=1, description="requests in flight across all servers")
     weight_sync_dir: str | None = Field(
-        None, description="directory the servers can read: weights and LoRA adapters are written there for them to load"
+        None,
+        description="directory the servers can read: weights and LoRA adapters are written there for them to load",
     )
-    server_sleep: bool = Field(False, description="forward sleep()/wake_up() to the servers (needs VLLM_SERVER_DEV_MODE=1)")
+    server_sleep: bool = Field(
+        False, description="forward sleep()/wake_up() to the servers (needs VLLM_SERVER_DEV_MODE=1)"
+    )
 
     @field_validator("engine_args")
     @classmethod
@@ -95,6 +118,6 @@ class VLLMOptions(Options):
         return check_server_urls(value, "http://127.0.0.1:8000")
 
     @model_validator(mode="after")
-    def _mode(self) -> "VLLMOptions":
+    def _mode(self) -> VLLMOptions:
         check_mode(self.mode, self.servers)
         return self

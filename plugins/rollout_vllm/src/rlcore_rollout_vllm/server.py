@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from loguru import logger
 
-from rlcore.errors import RlcoreError, UsageError
-from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore.engine_kit.remote import ServerError, ServerPool
 from rlcore.engine_kit.samples import replicate, samples_to_request
 from rlcore.engine_kit.weights import write_adapter, write_shards
+from rlcore.errors import RlcoreError, UsageError
+from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore_rollout_vllm.options import VLLMOptions
 from rlcore_rollout_vllm.translate import completion_body, parse_completion
 from rlcore_rollout_vllm.weights import LoraSpec, proj_modules, with_base_layer
@@ -61,8 +62,12 @@ class VLLMServerEngine:
         model = self.model
 
         def one(url: str, prompt: Sequence[int]) -> list[Completion]:
-            body = self.pool.request(url, "POST", "/v1/completions", json=completion_body(model, prompt, params)).json()
-            return replicate(parse_completion(body, samples_to_request(params), f"vLLM server {url}"), params.n)
+            body = self.pool.request(
+                url, "POST", "/v1/completions", json=completion_body(model, prompt, params)
+            ).json()
+            return replicate(
+                parse_completion(body, samples_to_request(params), f"vLLM server {url}"), params.n
+            )
 
         return self.pool.map(one, list(prompts), "vLLM generate")
 
@@ -110,7 +115,9 @@ class VLLMServerEngine:
             )
         except ServerError as exc:
             if "404" in str(exc):
-                raise ServerError(f"{exc}\n  start the servers with VLLM_SERVER_DEV_MODE=1 to enable /collective_rpc") from None
+                raise ServerError(
+                    f"{exc}\n  start the servers with VLLM_SERVER_DEV_MODE=1 to enable /collective_rpc"
+                ) from None
             raise
         for response in responses:
             _check_rpc(response)
@@ -127,17 +134,24 @@ class VLLMServerEngine:
         path = write_adapter(named_tensors, spec, os.path.join(root, name))
         try:
             self.pool.broadcast(
-                "POST", "/v1/load_lora_adapter", "vLLM LoRA update", json={"lora_name": name, "lora_path": os.path.abspath(path)}
+                "POST",
+                "/v1/load_lora_adapter",
+                "vLLM LoRA update",
+                json={"lora_name": name, "lora_path": os.path.abspath(path)},
             )
         except ServerError as exc:
             if "404" in str(exc):
-                raise ServerError(f"{exc}\n  start the servers with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and --enable-lora") from None
+                raise ServerError(
+                    f"{exc}\n  start the servers with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and --enable-lora"
+                ) from None
             raise
         old = self._lora_name
         self.model, self._lora_name, self._lora_version = name, name, version
         if old is not None:
             try:
-                self.pool.broadcast("POST", "/v1/unload_lora_adapter", "vLLM LoRA unload", json={"lora_name": old})
+                self.pool.broadcast(
+                    "POST", "/v1/unload_lora_adapter", "vLLM LoRA unload", json={"lora_name": old}
+                )
             except ServerError as exc:
                 logger.warning("could not unload the previous adapter: {}", exc)
             shutil.rmtree(os.path.join(root, old), ignore_errors=True)
@@ -156,4 +170,6 @@ def _check_rpc(response) -> None:
         return
     for result in body.get("results", []) if isinstance(body, dict) else []:
         if isinstance(result, str) and ("Error" in result or "Exception" in result):
-            raise ServerError(f"vLLM server {response.request.url.host}:{response.request.url.port} rejected the weight update: {result}")
+            raise ServerError(
+                f"vLLM server {response.request.url.host}:{response.request.url.port} rejected the weight update: {result}"
+            )

@@ -6,12 +6,13 @@ argument lists (``data/``) without vLLM installed.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from rlcore.errors import RlcoreError, UsageError
-from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore.engine_kit.options import colocated_model
 from rlcore.engine_kit.samples import samples_to_request  # vLLM refuses n > 1 with greedy sampling
+from rlcore.errors import RlcoreError, UsageError
+from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore_rollout_vllm.options import VLLMOptions
 
 # vLLM's max_lora_rank accepts only these (vllm/config/lora.py, MaxLoRARanks, 0.26 to 0.33).
@@ -33,7 +34,7 @@ def check_correction(options: VLLMOptions, context: BuildContext | None) -> None
     if algorithm.get("rollout_correction", "none") == "none":
         raise UsageError(
             f'[rollout] quantization = "{options.quantization}" samples from FP8 weights while the trainer computes '
-            "log-probs in its own precision; set [algorithm] rollout_correction (e.g. \"token_truncate\", as verl's "
+            'log-probs in its own precision; set [algorithm] rollout_correction (e.g. "token_truncate", as verl\'s '
             "FP8 rollouts do), so that the loss is weighted by the trainer/engine ratio"
         )
 
@@ -142,4 +143,6 @@ def parse_completion(body: dict[str, Any], n: int, where: str) -> list[Completio
             out.append(Completion(token_ids=ids, logprobs=logprobs, finish_reason=finish))
         return out
     except (KeyError, TypeError, ValueError) as exc:
-        raise RlcoreError(f"{where}: unexpected /v1/completions answer ({type(exc).__name__}: {exc})") from None
+        raise RlcoreError(
+            f"{where}: unexpected /v1/completions answer ({type(exc).__name__}: {exc})"
+        ) from None

@@ -3,8 +3,9 @@ description it is given, and the renaming its LoRA-wrapped layers need."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from rlcore.engine_kit.weights import pairs
 
@@ -24,7 +25,7 @@ class LoraSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def coerce(cls, value: Any) -> "LoraSpec":
+    def coerce(cls, value: Any) -> LoraSpec:
         """Accept a LoraSpec, a dict, or any object with rank/alpha/target_modules (rlcore's LoraTable)."""
         if isinstance(value, LoraSpec):
             return value
@@ -53,4 +54,6 @@ def with_base_layer(named_tensors, wrapped: set[str]):
 def proj_modules(named_tensors) -> tuple[list, set[str]]:
     """For servers started with LoRA: the modules named ``*_proj`` (the linear layers vLLM wraps)."""
     named = list(pairs(named_tensors))
-    return named, {n.split(".")[-2] for n, _ in named if len(n.split(".")) >= 2 and n.split(".")[-2].endswith("proj")}
+    return named, {
+        n.split(".")[-2] for n, _ in named if len(n.split(".")) >= 2 and n.split(".")[-2].endswith("proj")
+    }

@@ -36,8 +36,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlcore.errors import UsageError
 from rlcore.interfaces import Completion, RolloutEngine, SamplingParams
-from rlcore_serve.batching import Batcher, Result, reports_top_logprobs
 from rlcore.tool_calls import parse_tool_calls
+from rlcore_serve.batching import Batcher, Result, reports_top_logprobs
 
 logger = logging.getLogger("rlcore.serve")
 
@@ -105,7 +105,9 @@ class ApiError(Exception):
         self.status, self.kind, self.param, self.code = status, kind, param, code
 
 
-def _error(message: str, status: int, kind: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+def _error(
+    message: str, status: int, kind: str, param: str | None = None, code: str | None = None
+) -> JSONResponse:
     body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return JSONResponse(status_code=status, content=body)
 
@@ -138,8 +140,11 @@ def _refuse_lone_surrogates(body: dict[str, Any]) -> None:
     (and no UTF-8 encoder) accepts. Refused as the client's error, naming the field."""
     where = _lone_surrogate(body, "")
     if where is not None:
-        raise ApiError(f"{where} holds a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape without its pair), "
-                       "which is not valid Unicode text", param=where)
+        raise ApiError(
+            f"{where} holds a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape without its pair), "
+            "which is not valid Unicode text",
+            param=where,
+        )
 
 
 class _AnswerEveryError:
@@ -215,7 +220,9 @@ def create_app(
                 code="model_not_found",
             )
 
-    def budget(requested: int | None, param: str, default: int, prompts: list[list[int]], prompt_param: str) -> int:
+    def budget(
+        requested: int | None, param: str, default: int, prompts: list[list[int]], prompt_param: str
+    ) -> int:
         """The request's max_tokens, checked against the server's limit and the model's context."""
         if requested is not None and max_tokens_limit is not None and requested > max_tokens_limit:
             raise ApiError(
@@ -301,11 +308,18 @@ def create_app(
             offset = undecodable["loc"][-1] if len(undecodable["loc"]) > 1 else None
             reason = (undecodable.get("ctx") or {}).get("error")
             return _error(
-                "the request body is not valid JSON" + (f" (at character {offset})" if offset is not None else "")
-                + (f": {reason}" if reason else ""), 400, "invalid_request_error", param=None)
+                "the request body is not valid JSON"
+                + (f" (at character {offset})" if offset is not None else "")
+                + (f": {reason}" if reason else ""),
+                400,
+                "invalid_request_error",
+                param=None,
+            )
         fields = [".".join(str(p) for p in e["loc"][1:]) for e in errors]
         problems = "; ".join(f"{where or 'body'}: {e['msg']}" for where, e in zip(fields, errors))
-        return _error(problems, 400, "invalid_request_error", param=fields[0] if fields and fields[0] else None)
+        return _error(
+            problems, 400, "invalid_request_error", param=fields[0] if fields and fields[0] else None
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -320,7 +334,10 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created, "owned_by": "rlcore"}]}
+        return {
+            "object": "list",
+            "data": [{"id": model_name, "object": "model", "created": created, "owned_by": "rlcore"}],
+        }
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest) -> dict[str, Any]:
@@ -333,11 +350,18 @@ def create_app(
         if tools:
             kwargs["tools"] = tools
         try:
-            text = tokenizer.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True, **kwargs)
+            text = tokenizer.apply_chat_template(
+                req.messages, tokenize=False, add_generation_prompt=True, **kwargs
+            )
         except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
-            raise ApiError(f"the chat template could not render these messages: {exc}", param="messages") from None
+            raise ApiError(
+                f"the chat template could not render these messages: {exc}", param="messages"
+            ) from None
         if not isinstance(text, str):
-            raise ApiError("the chat template did not render text (check chat_template_kwargs)", param="chat_template_kwargs")
+            raise ApiError(
+                "the chat template did not render text (check chat_template_kwargs)",
+                param="chat_template_kwargs",
+            )
         prompt_ids = list(tokenizer.encode(text, add_special_tokens=False))
         if not prompt_ids:
             raise ApiError("the rendered chat prompt has no tokens", param="messages")
@@ -357,7 +381,12 @@ def create_app(
                     message["content"] = parsed.content or None
                     message["tool_calls"] = [call.openai() for call in parsed.calls]
                     finish = "tool_calls"
-            choice: dict[str, Any] = {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
+            choice: dict[str, Any] = {
+                "index": index,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": finish,
+            }
             if req.logprobs:
                 entries = []
                 for position, (token_id, lp) in enumerate(zip(c.token_ids, c.logprobs)):
@@ -428,7 +457,11 @@ def create_app(
             "created": int(time.time()),
             "model": model_name,
             "choices": choices,
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
         }
 
     return app
@@ -456,7 +489,11 @@ def _completion_top(token: str, logprob: float, alternatives: list[tuple[str, fl
 
 def _usage(prompt_tokens: int, group: list[Completion]) -> dict[str, int]:
     completion_tokens = sum(len(c.token_ids) for c in group)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def _prompt_ids(prompt: Any, tokenizer: Any, vocab: int) -> list[list[int]]:
@@ -480,4 +517,3 @@ def _prompt_ids(prompt: Any, tokenizer: Any, vocab: int) -> list[list[int]]:
         if bad:
             raise ApiError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}", param="prompt")
     return ids
-

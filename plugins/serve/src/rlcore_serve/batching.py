@@ -19,8 +19,9 @@ import inspect
 import json
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from rlcore.interfaces import Completion, RolloutEngine, SamplingParams
 
@@ -81,7 +82,9 @@ class Batcher:
         self._thread: threading.Thread | None = None
         self._serial = 0
 
-    def submit(self, prompts: list[list[int]], params: SamplingParams, top_logprobs: int = 0) -> concurrent.futures.Future:
+    def submit(
+        self, prompts: list[list[int]], params: SamplingParams, top_logprobs: int = 0
+    ) -> concurrent.futures.Future:
         """Queue one request; the future resolves to a :class:`Result` or to the engine's exception."""
         shared = params.model_dump(exclude={"max_new_tokens"} if self._per_prompt else set())
         with self._cond:
@@ -131,7 +134,9 @@ class Batcher:
                 if len(batch) == 1:
                     batch[0].future.set_exception(exc)
                     continue
-                logger.warning("an engine call for %d requests failed (%s); running each alone", len(batch), exc)
+                logger.warning(
+                    "an engine call for %d requests failed (%s); running each alone", len(batch), exc
+                )
                 for job in batch:
                     try:
                         [result] = self._run([job])

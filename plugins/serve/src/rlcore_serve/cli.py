@@ -33,7 +33,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the most sequences (prompts x n) of waiting requests generated together in one engine call (default: 64)",
     )
-    parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument(
+        "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
+    )
 
 
 def build_server(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +54,11 @@ def parse_env(text: str, manifest_dir: str | None = None) -> EnvRef:
     """``text`` as an :class:`EnvRef`; a relative file is taken relative to ``manifest_dir``."""
     text = text.strip()
     if not text:
-        raise RlcoreError("name an environment: verifiers:PACKAGE, verifiers:PACKAGE:NAME or verifiers:python:FILE.py[:NAME]")
+        raise RlcoreError(
+            "name an environment: verifiers:PACKAGE, verifiers:PACKAGE:NAME or verifiers:python:FILE.py[:NAME]"
+        )
     if text.startswith(FILE_PREFIX):
-        body = text[len(FILE_PREFIX):]
+        body = text[len(FILE_PREFIX) :]
         path, name = (body, "") if body.endswith(".py") else body.rpartition(":")[::2]
         if not path.endswith(".py"):
             raise RlcoreError(f"{text!r}: expected python:FILE.py or python:FILE.py:NAME")
@@ -64,8 +66,10 @@ def parse_env(text: str, manifest_dir: str | None = None) -> EnvRef:
         if not file.is_absolute():
             file = Path(manifest_dir or ".") / file
         if not file.is_file():
-            raise RlcoreError(f"environment file {str(file)!r} does not exist"
-                              + ("" if manifest_dir else " (relative paths are read from the manifest's directory)"))
+            raise RlcoreError(
+                f"environment file {str(file)!r} does not exist"
+                + ("" if manifest_dir else " (relative paths are read from the manifest's directory)")
+            )
         return EnvRef(str(file.resolve()), name, is_file=True)
     module, _, name = text.partition(":")
     if not module.replace(".", "_").replace("-", "_").isidentifier():
@@ -86,7 +90,9 @@ def load_module(ref: EnvRef) -> Any:
             ) from None
         raise RlcoreError(f"importing verifiers environment {ref.module!r} failed: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - the user's module failed while importing
-        raise RlcoreError(f"importing verifiers environment {ref.module!r} failed: {type(exc).__name__}: {exc}") from None
+        raise RlcoreError(
+            f"importing verifiers environment {ref.module!r} failed: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def _exported(module: Any) -> list[Any]:
@@ -99,7 +105,12 @@ def _exported(module: Any) -> list[Any]:
 def _subclasses(module: Any, base: type, *, own_only: bool) -> list[type]:
     found = []
     for obj in _exported(module):
-        if isinstance(obj, type) and issubclass(obj, base) and obj is not base and not inspect.isabstract(obj):
+        if (
+            isinstance(obj, type)
+            and issubclass(obj, base)
+            and obj is not base
+            and not inspect.isabstract(obj)
+        ):
             if own_only and getattr(module, "__all__", None) is None and obj.__module__ != module.__name__:
                 continue  # a class the file merely imported
             found.append(obj)
@@ -121,7 +132,7 @@ def env_classes(ref: EnvRef) -> EnvClasses:
     return _env_classes(ref)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _env_classes(ref: EnvRef) -> EnvClasses:
     import verifiers.v1 as vf
 
@@ -134,21 +145,30 @@ def _env_classes(ref: EnvRef) -> EnvClasses:
         if obj is None:
             names = sorted(c.__name__ for c in tasksets + envs)
             hint = did_you_mean(ref.name, names)
-            raise RlcoreError(f"{where}: no {ref.name!r} in it" + (f"; did you mean {hint!r}?" if hint else "")
-                              + f"; its Taskset and Env classes: {', '.join(names) or 'none'}")
+            raise RlcoreError(
+                f"{where}: no {ref.name!r} in it"
+                + (f"; did you mean {hint!r}?" if hint else "")
+                + f"; its Taskset and Env classes: {', '.join(names) or 'none'}"
+            )
         if isinstance(obj, type) and issubclass(obj, vf.Taskset):
             tasksets = [obj]
         elif isinstance(obj, type) and issubclass(obj, vf.Env):
             envs = [obj]
         else:
-            raise RlcoreError(f"{where}: {ref.name!r} is a {type(obj).__name__}, not a verifiers Taskset or Env class")
+            raise RlcoreError(
+                f"{where}: {ref.name!r} is a {type(obj).__name__}, not a verifiers Taskset or Env class"
+            )
     if len(tasksets) != 1:
         what = "no" if not tasksets else f"{len(tasksets)} ({', '.join(c.__name__ for c in tasksets)})"
-        raise RlcoreError(f"{where} exports {what} Taskset subclasses; export exactly one (in __all__), or name it "
-                          f"as {ref.spec if ref.name else ref.spec + ':NAME'}")
+        raise RlcoreError(
+            f"{where} exports {what} Taskset subclasses; export exactly one (in __all__), or name it "
+            f"as {ref.spec if ref.name else ref.spec + ':NAME'}"
+        )
     if len(envs) > 1:
-        raise RlcoreError(f"{where} exports {len(envs)} Env subclasses ({', '.join(c.__name__ for c in envs)}); "
-                          "export one, or name it")
+        raise RlcoreError(
+            f"{where} exports {len(envs)} Env subclasses ({', '.join(c.__name__ for c in envs)}); "
+            "export one, or name it"
+        )
     return EnvClasses(ref, tasksets[0], envs[0] if envs else None)
 
 
@@ -193,9 +213,11 @@ def taskset_config(classes: EnvClasses, options: dict[str, Any]) -> Any:
     for key in options:
         if key not in allowed:
             hint = did_you_mean(key, allowed)
-            raise RlcoreError(f"taskset {classes.taskset.__name__} has no option {key!r}"
-                              + (f"; did you mean {hint!r}?" if hint else "")
-                              + f"; its options: {', '.join(allowed) or 'none'} (and the source's own)")
+            raise RlcoreError(
+                f"taskset {classes.taskset.__name__} has no option {key!r}"
+                + (f"; did you mean {hint!r}?" if hint else "")
+                + f"; its options: {', '.join(allowed) or 'none'} (and the source's own)"
+            )
     # id stays empty: verifiers would import the taskset again by id, and rlcore has it already
     data = {**options, "id": ""}
     try:
@@ -213,8 +235,11 @@ def env_config(classes: EnvClasses, taskset_cfg: Any, options: dict[str, Any]) -
     for key in options:
         if key not in allowed:
             hint = did_you_mean(key, allowed)
-            raise RlcoreError(f"env_options: {config_type.__name__} has no option {key!r}"
-                              + (f"; did you mean {hint!r}?" if hint else "") + f"; its options: {', '.join(allowed)}")
+            raise RlcoreError(
+                f"env_options: {config_type.__name__} has no option {key!r}"
+                + (f"; did you mean {hint!r}?" if hint else "")
+                + f"; its options: {', '.join(allowed)}"
+            )
     try:
         return config_type.model_validate({**options, "taskset": taskset_cfg})
     except ValidationError as exc:
@@ -261,10 +286,16 @@ def unsupported(classes: EnvClasses, taskset_cfg: Any, env_cfg: Any) -> list[str
                 "over HTTP, outside rlcore's token-in, token-out loop; rlcore plays the `null` chat loop"
             )
         if seat.model is not None or seat.client is not None:
-            problems.append(f"seat {name!r} names its own model or client: rlcore's policy plays every seat it trains")
+            problems.append(
+                f"seat {name!r} names its own model or client: rlcore's policy plays every seat it trains"
+            )
     module = importlib.import_module(classes.taskset.__module__)
-    if any(isinstance(o, type) and issubclass(o, vf.Harness) and o is not vf.Harness for o in _exported(module)):
-        problems.append(f"{classes.ref.spec!r} ships its own Harness: harness programs are not played by rlcore")
+    if any(
+        isinstance(o, type) and issubclass(o, vf.Harness) and o is not vf.Harness for o in _exported(module)
+    ):
+        problems.append(
+            f"{classes.ref.spec!r} ships its own Harness: harness programs are not played by rlcore"
+        )
     for hook in ("setup", "finalize", "stage_verifier", "validate"):
         if _overrides(task_type, vf.Task, hook):
             problems.append(f"{where} overrides {hook}(), which runs in a sandbox runtime; rlcore has none")
@@ -274,30 +305,43 @@ def unsupported(classes: EnvClasses, taskset_cfg: Any, env_cfg: Any) -> list[str
     for kind in ("reward", "metric", "stop"):
         for fn in task.hooks(kind):
             if _needs_runtime(fn):
-                problems.append(f"{where}: @vf.{kind} {fn.__name__} needs a runtime (a sandbox); rlcore has none")
+                problems.append(
+                    f"{where}: @vf.{kind} {fn.__name__} needs a runtime (a sandbox); rlcore has none"
+                )
     from verifiers.v1.utils.decorators import discover_decorated
 
     for fn in discover_decorated(task, "intercept"):
-        problems.append(f"{where}: @vf.intercept {fn.__name__} is an interception-server hook; rlcore has no "
-                        "interception server between the model and the program")
+        problems.append(
+            f"{where}: @vf.intercept {fn.__name__} is an interception-server hook; rlcore has no "
+            "interception server between the model and the program"
+        )
     if taskset_cfg.task.judges:
-        problems.append(f"{where}: judges ({', '.join(j.id for j in taskset_cfg.task.judges)}) call an LLM judge; "
-                        "use a reward model or an rlcore reward instead")
+        problems.append(
+            f"{where}: judges ({', '.join(j.id for j in taskset_cfg.task.judges)}) call an LLM judge; "
+            "use a reward model or an rlcore reward instead"
+        )
     if classes.env is not None:
         for hook in ("start", "stop"):
             if _overrides(classes.env, vf.Env, hook):
-                problems.append(f"env {classes.env.__name__} overrides {hook}() (env-owned serving resources)")
+                problems.append(
+                    f"env {classes.env.__name__} overrides {hook}() (env-owned serving resources)"
+                )
         if _overrides(classes.env, vf.Env, "finalize"):
-            problems.append(f"env {classes.env.__name__} overrides finalize(): cross-agent judgement over an episode "
-                            "of several seats; rlcore's episode has one seat, judged by the task's own rewards")
+            problems.append(
+                f"env {classes.env.__name__} overrides finalize(): cross-agent judgement over an episode "
+                "of several seats; rlcore's episode has one seat, judged by the task's own rewards"
+            )
     return problems
 
 
 def check_supported(classes: EnvClasses, taskset_cfg: Any, env_cfg: Any) -> None:
     problems = unsupported(classes, taskset_cfg, env_cfg)
     if problems:
-        raise RlcoreError(f"verifiers environment {classes.ref.spec!r} uses what rlcore does not support: "
-                          + "; ".join(problems) + " (see plugins/verifiers/README.md)")
+        raise RlcoreError(
+            f"verifiers environment {classes.ref.spec!r} uses what rlcore does not support: "
+            + "; ".join(problems)
+            + " (see plugins/verifiers/README.md)"
+        )
 
 
 @dataclass
@@ -336,8 +380,9 @@ class Loaded:
         return env
 
 
-def load(spec: str, taskset_options: dict[str, Any], env_options: dict[str, Any],
-         manifest_dir: str | None = None) -> Loaded:
+def load(
+    spec: str, taskset_options: dict[str, Any], env_options: dict[str, Any], manifest_dir: str | None = None
+) -> Loaded:
     """Everything a spec and its options name, checked (a located RlcoreError otherwise)."""
     classes = env_classes(parse_env(spec, manifest_dir))
     tcfg = taskset_config(classes, taskset_options)
@@ -357,5 +402,8 @@ def load_from_row(info: dict[str, Any]) -> Loaded:
     """The environment a row names (``extra_info.verifiers``), loaded once per process."""
     import json
 
-    return _load_cached(info["env"], json.dumps(info.get("taskset_options") or {}, sort_keys=True),
-                        json.dumps(info.get("env_options") or {}, sort_keys=True))
+    return _load_cached(
+        info["env"],
+        json.dumps(info.get("taskset_options") or {}, sort_keys=True),
+        json.dumps(info.get("env_options") or {}, sort_keys=True),
+    )

@@ -30,8 +30,9 @@ import dataclasses
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any
 
 from loguru import logger
 
@@ -39,7 +40,6 @@ from rlcore.chat import ChatGlue, truncate_middle
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import Prompt, RolloutEngine, SamplingParams, Trajectory
 from rlcore.tool_calls import parse_tool_calls
-
 from rlcore_verifiers import envs, traces
 from rlcore_verifiers.options import VerifiersLoopOptions
 from rlcore_verifiers.reward import RECORD
@@ -105,10 +105,14 @@ class _Batcher:
             else:
                 inputs = [ids for ids, _, _ in batch]
                 order = list(range(len(batch)))
-            outputs = await asyncio.to_thread(self.engine.generate, inputs, self.params.model_copy(update=update))
+            outputs = await asyncio.to_thread(
+                self.engine.generate, inputs, self.params.model_copy(update=update)
+            )
             if len(outputs) != len(inputs) or any(len(g) != update["n"] for g in outputs):
-                raise RlcoreError(f"the rollout engine returned a wrong number of completions "
-                                  f"(expected {len(inputs)} x {update['n']})")
+                raise RlcoreError(
+                    f"the rollout engine returned a wrong number of completions "
+                    f"(expected {len(inputs)} x {update['n']})"
+                )
             for i, completion in zip(order, [c for group in outputs for c in group]):
                 if not batch[i][2].done():  # an episode cancelled (timed out) while it waited
                     batch[i][2].set_result(completion)
@@ -143,22 +147,36 @@ class _Toolsets:
                 await toolset.setup_task(task)
         server = MCPServer(toolset.server_name or type(toolset).__name__)
         for fn in discover_decorated(toolset, "tool"):
-            server.add_tool(_with_episode_state(toolset, fn), name=getattr(fn, "tool_name", None) or fn.__name__,
-                            description=(fn.__doc__ or "").strip() or None)
+            server.add_tool(
+                _with_episode_state(toolset, fn),
+                name=getattr(fn, "tool_name", None) or fn.__name__,
+                description=(fn.__doc__ or "").strip() or None,
+            )
         prefix = toolset.server_name
         for tool in await server.list_tools():
             full = f"{prefix}_{tool.name}" if prefix else tool.name
             if full in self.servers:
                 raise EpisodeError(f"two toolsets offer a tool named {full!r}")
             self.servers[full] = (server, tool.name)
-            self.schemas.append({"type": "function", "function": {
-                "name": full, "description": tool.description or "", "parameters": tool.input_schema}})
+            self.schemas.append(
+                {
+                    "type": "function",
+                    "function": {
+                        "name": full,
+                        "description": tool.description or "",
+                        "parameters": tool.input_schema,
+                    },
+                }
+            )
 
     async def call(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
         from verifiers.v1.harnesses.utils.mcp import mcp_content_to_chat_content
 
         if name not in self.servers:
-            return f"Error: there is no tool named {name!r}; available: {', '.join(sorted(self.servers)) or 'none'}", True
+            return (
+                f"Error: there is no tool named {name!r}; available: {', '.join(sorted(self.servers)) or 'none'}",
+                True,
+            )
         server, raw = self.servers[name]
         try:
             result = await server.call_tool(raw, arguments)
@@ -211,7 +229,7 @@ def _with_episode_state(toolset: Any, fn: Any) -> Any:
 class _Episode:
     """One sample: the seat's conversation, its tokens and its trace."""
 
-    loop: "VerifiersLoop"
+    loop: VerifiersLoop
     prompt: Prompt
     loaded: envs.Loaded
     batcher: _Batcher
@@ -230,7 +248,9 @@ class _Episode:
     counts: dict[str, float] = dataclasses.field(default_factory=dict)
     error: str | None = None
     task: Any = None  # the task the env handed the seat
-    state_holder: list[Any] = dataclasses.field(default_factory=list)  # [the task state], rebound by toolsets of another state type
+    state_holder: list[Any] = dataclasses.field(
+        default_factory=list
+    )  # [the task state], rebound by toolsets of another state type
 
     def count(self, key: str, value: float = 1.0) -> None:
         self.counts[key] = self.counts.get(key, 0.0) + value
@@ -258,7 +278,9 @@ class _Episode:
         if self.tools.schemas:
             messages = self.glue.with_tools(messages)
         if messages != list(self.prompt.messages) or self.tools.schemas:
-            self.prompt = dataclasses.replace(self.prompt, token_ids=self.glue.prompt_ids(messages), messages=messages)
+            self.prompt = dataclasses.replace(
+                self.prompt, token_ids=self.glue.prompt_ids(messages), messages=messages
+            )
         self.messages = [dict(m) for m in messages]
 
     # ------------------------------------------------------------------ turns
@@ -269,8 +291,8 @@ class _Episode:
 
     async def _refused(self) -> bool:
         """verifiers' checks before a model call: the turn limit, then @stop on the trace and on the request."""
-        from verifiers.v1.session import call_hook
         import verifiers.v1 as vf
+        from verifiers.v1.session import call_hook
 
         if self.ended:
             return True
@@ -283,11 +305,18 @@ class _Episode:
                 return True
         request = None
         for fn in self.loop.stops(self.task, "request"):
-            request = request or vf.Request(messages=self.trace.messages,
-                                            tools=[vf.Tool(name=s["function"]["name"],
-                                                           description=s["function"]["description"],
-                                                           parameters=s["function"]["parameters"])
-                                                   for s in self.tools.schemas] or None)
+            request = request or vf.Request(
+                messages=self.trace.messages,
+                tools=[
+                    vf.Tool(
+                        name=s["function"]["name"],
+                        description=s["function"]["description"],
+                        parameters=s["function"]["parameters"],
+                    )
+                    for s in self.tools.schemas
+                ]
+                or None,
+            )
             if await call_hook(fn, {vf.Request: request.model_copy(deep=True), vf.Trace: self.trace}) is True:
                 self._stopped(fn.__name__)
                 return True
@@ -303,14 +332,18 @@ class _Episode:
         while True:
             if await self._refused():
                 return produced or None
-            limit = min(self.budget - len(self.response_ids), self.loop.options.max_tokens_per_turn or self.budget)
+            limit = min(
+                self.budget - len(self.response_ids), self.loop.options.max_tokens_per_turn or self.budget
+            )
             if limit <= 0:
                 self._stopped("max_output_tokens")
                 return produced or None
             completion = await self.batcher.generate(list(self.prompt.token_ids) + self.response_ids, limit)
             ids, lps = list(completion.token_ids)[:limit], list(completion.logprobs)[:limit]
             if len(lps) != len(ids):
-                raise RlcoreError(f"the rollout engine returned {len(lps)} log-probabilities for {len(ids)} tokens")
+                raise RlcoreError(
+                    f"the rollout engine returned {len(lps)} log-probabilities for {len(ids)} tokens"
+                )
             truncated = len(ids) < len(completion.token_ids) or completion.finish_reason == "length"
             self.response_ids += [int(t) for t in ids]
             self.mask += [1] * len(ids)
@@ -318,17 +351,29 @@ class _Episode:
             text = self.loop.tokenizer.decode(ids, skip_special_tokens=False)
             plain = self.loop.plain(self.glue, text)
             parsed = parse_tool_calls(plain, self.loop.options.parser)
-            calls = [vf.ToolCall(id=c.id, name=c.name, arguments=json.dumps(c.arguments, ensure_ascii=False))
-                     for c in parsed.calls]
+            calls = [
+                vf.ToolCall(id=c.id, name=c.name, arguments=json.dumps(c.arguments, ensure_ascii=False))
+                for c in parsed.calls
+            ]
             # As an OpenAI-style reply: the text, and the calls beside it (not inside it)
-            assistant = vf.AssistantMessage(content=parsed.content if parsed.wants_tools else plain, tool_calls=calls or None)
+            assistant = vf.AssistantMessage(
+                content=parsed.content if parsed.wants_tools else plain, tool_calls=calls or None
+            )
             traces.append(self.trace, assistant, True)
             produced.append(assistant)
             self.pending_text = text
-            response = vf.Response(id=uuid.uuid4().hex, created=int(time.time()), model="rlcore", message=assistant,
-                                   finish_reason="length" if truncated else ("tool_calls" if calls else "stop"))
+            response = vf.Response(
+                id=uuid.uuid4().hex,
+                created=int(time.time()),
+                model="rlcore",
+                message=assistant,
+                finish_reason="length" if truncated else ("tool_calls" if calls else "stop"),
+            )
             for fn in self.loop.stops(self.task, "response"):
-                if await call_hook(fn, {vf.Response: response.model_copy(deep=True), vf.Trace: self.trace}) is True:
+                if (
+                    await call_hook(fn, {vf.Response: response.model_copy(deep=True), vf.Trace: self.trace})
+                    is True
+                ):
                     self._stopped(fn.__name__)
                     return produced
             if truncated:
@@ -338,7 +383,9 @@ class _Episode:
                 return produced
             tool_messages = await self._run_calls(parsed)
             for m in tool_messages:
-                vm = vf.ToolMessage(tool_call_id=m.get("tool_call_id") or "error", content=m["content"], name=m.get("name"))
+                vm = vf.ToolMessage(
+                    tool_call_id=m.get("tool_call_id") or "error", content=m["content"], name=m.get("name")
+                )
                 traces.append(self.trace, vm, False)
                 produced.append(vm)
             if not self._add_glue(tool_messages):
@@ -373,27 +420,46 @@ class _Episode:
             for call in parsed.calls[:limit]:
                 self.count("tool_calls")
                 try:
-                    text, failed = await asyncio.wait_for(self.tools.call(call.name, call.arguments),
-                                                          self.loop.options.tool_timeout_s)
-                except asyncio.TimeoutError:
-                    text, failed = f"Error: the call to {call.name!r} timed out after {self.loop.options.tool_timeout_s:g} s", True
+                    text, failed = await asyncio.wait_for(
+                        self.tools.call(call.name, call.arguments), self.loop.options.tool_timeout_s
+                    )
+                except TimeoutError:
+                    text, failed = (
+                        f"Error: the call to {call.name!r} timed out after {self.loop.options.tool_timeout_s:g} s",
+                        True,
+                    )
                 if failed:
                     self.count("tool_errors")
-                out.append({"role": "tool", "name": call.name, "tool_call_id": call.id,
-                            "content": truncate_middle(text, self.loop.options.max_tool_response_chars)})
+                out.append(
+                    {
+                        "role": "tool",
+                        "name": call.name,
+                        "tool_call_id": call.id,
+                        "content": truncate_middle(text, self.loop.options.max_tool_response_chars),
+                    }
+                )
         finally:
             _EPISODE_STATE.reset(token)
             self.trace.state = self.state_holder[0]
         for call in parsed.calls[limit:]:
             self.count("tool_errors")
-            out.append({"role": "tool", "name": call.name, "tool_call_id": call.id,
-                        "content": f"Error: at most {limit} tool calls per turn; this one was not run"})
+            out.append(
+                {
+                    "role": "tool",
+                    "name": call.name,
+                    "tool_call_id": call.id,
+                    "content": f"Error: at most {limit} tool calls per turn; this one was not run",
+                }
+            )
         return out
 
     async def user_turn(self, message: Any) -> bool:
         """The env speaks (a user turn); False when its tokens do not fit the budget."""
-        new = [{"role": "user", "content": message}] if isinstance(message, str) else [
-            m if isinstance(m, dict) else m.model_dump(mode="json", exclude_none=True) for m in message]
+        new = (
+            [{"role": "user", "content": message}]
+            if isinstance(message, str)
+            else [m if isinstance(m, dict) else m.model_dump(mode="json", exclude_none=True) for m in message]
+        )
         for m in new:
             traces.append(self.trace, traces.message(m), False)
         if self.ended:
@@ -406,7 +472,9 @@ class _Episode:
         trace = self.trace
         stop = trace.stop_condition if trace is not None else None
         if self.pending_text is not None:
-            self.messages.append({"role": "assistant", "content": self.glue.split_generated(self.pending_text)[0]})
+            self.messages.append(
+                {"role": "assistant", "content": self.glue.split_generated(self.pending_text)[0]}
+            )
         metrics = {f"verifiers/{k}": float(v) for k, v in self.counts.items()}
         metrics["verifiers/num_turns"] = float(trace.num_turns if trace is not None else 0)
         metrics.setdefault("verifiers/tool_calls", 0.0)
@@ -456,7 +524,9 @@ class _Interaction:
             raise RuntimeError("the exchange is over (the run ended); read interaction.trace")
         prompted = not self._turned
         if prompted and message is not None:
-            raise ValueError("the task's prompt opens this exchange: take its first reply with a bare turn() before answering")
+            raise ValueError(
+                "the task's prompt opens this exchange: take its first reply with a bare turn() before answering"
+            )
         if not prompted and message is None:
             raise ValueError("nothing to run a turn on: this exchange takes its next user message")
         self._turned = True
@@ -475,7 +545,9 @@ class _Interaction:
         return self._episode.trace
 
     async def send(self, *args: Any, **kwargs: Any) -> Any:
-        raise EpisodeError("Interaction.send/steer (messages during a running turn) are not played by rlcore; use turn()")
+        raise EpisodeError(
+            "Interaction.send/steer (messages during a running turn) are not played by rlcore; use turn()"
+        )
 
     steer = send
 
@@ -532,7 +604,9 @@ class VerifiersLoop:
         self._glues: dict[str, ChatGlue] = {}
         self._stops: dict[tuple[type, str], list[Any]] = {}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlcore-verifiers")
-        self.last_messages: list[list[dict[str, Any]]] = []  # the conversations of the last run (debugging, tests)
+        self.last_messages: list[
+            list[dict[str, Any]]
+        ] = []  # the conversations of the last run (debugging, tests)
         self.last_traces: list[Any] = []
 
     def glue_for(self, schemas: list[dict[str, Any]]) -> ChatGlue:
@@ -557,21 +631,29 @@ class VerifiersLoop:
         key = (type(task), boundary)
         if key not in self._stops:
             kinds = {"trace": vf.Trace, "request": vf.Request, "response": vf.Response}
-            self._stops[key] = [fn for fn in task.hooks("stop") if hook_boundary(fn, allow_trace=True) is kinds[boundary]]
+            self._stops[key] = [
+                fn for fn in task.hooks("stop") if hook_boundary(fn, allow_trace=True) is kinds[boundary]
+            ]
         return self._stops[key]
 
-    def run(self, prompts: Sequence[Prompt], engine: RolloutEngine, params: SamplingParams) -> list[Trajectory]:
+    def run(
+        self, prompts: Sequence[Prompt], engine: RolloutEngine, params: SamplingParams
+    ) -> list[Trajectory]:
         if not prompts:
             return []
         return self._pool.submit(asyncio.run, self._run(list(prompts), engine, params)).result()
 
-    async def _run(self, prompts: list[Prompt], engine: RolloutEngine, params: SamplingParams) -> list[Trajectory]:
+    async def _run(
+        self, prompts: list[Prompt], engine: RolloutEngine, params: SamplingParams
+    ) -> list[Trajectory]:
         loaded = []
         for prompt in prompts:
             info = (prompt.extra_info or {}).get(KEY)
             if not isinstance(info, dict) or "task" not in info:
-                raise UsageError(f"data row {prompt.index} ({prompt.data_source!r}) is not a verifiers row: the verifiers "
-                                 "agent loop plays rows of the verifiers data source (data.train = \"verifiers:ENV\")")
+                raise UsageError(
+                    f"data row {prompt.index} ({prompt.data_source!r}) is not a verifiers row: the verifiers "
+                    'agent loop plays rows of the verifiers data source (data.train = "verifiers:ENV")'
+                )
             loaded.append(envs.load_from_row(info))
         shared: dict[int, list[Any]] = {}
         for item in {id(x): x for x in loaded}.values():
@@ -620,7 +702,9 @@ class VerifiersLoop:
     async def _episode(env: Any, task: Any, agents: _Agents, seat: _Seat) -> None:
         await env.setup(agents)
         if not seat.trainable:
-            raise EpisodeError(f"{type(env).__name__}.setup() makes seat {seat.name!r} untrainable; rlcore trains the seat it plays")
+            raise EpisodeError(
+                f"{type(env).__name__}.setup() makes seat {seat.name!r} untrainable; rlcore trains the seat it plays"
+            )
         await env.run(task, agents)
 
 

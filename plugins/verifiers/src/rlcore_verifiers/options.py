@@ -31,14 +31,17 @@ class VerifiersSourceOptions(Options):
     model_config = ConfigDict(extra="allow")
 
     env: str | None = Field(
-        None, description="the environment: PACKAGE, PACKAGE:NAME, or python:FILE.py[:NAME] (relative to the manifest)"
+        None,
+        description="the environment: PACKAGE, PACKAGE:NAME, or python:FILE.py[:NAME] (relative to the manifest)",
     )
     env_options: dict[str, Any] = Field(
         default_factory=dict,
         description="the Env's own config (its seat, e.g. {agent = {max_turns = 4}}, and its knobs), checked by it",
     )
     skip: int = Field(0, ge=0, description="tasks skipped from the start of the taskset")
-    limit: int | None = Field(None, ge=1, description="at most this many tasks (needed for an infinite taskset)")
+    limit: int | None = Field(
+        None, ge=1, description="at most this many tasks (needed for an infinite taskset)"
+    )
     shuffle: bool = Field(False, description="shuffle the tasks (with shuffle_seed) before skip and limit")
     shuffle_seed: int = Field(0, ge=0, description="the shuffle's seed")
     # After validation, env is in canonical form (a file made absolute) and taskset_options holds
@@ -51,14 +54,16 @@ class VerifiersSourceOptions(Options):
     )
 
     @model_validator(mode="after")
-    def _load(self, info: ValidationInfo) -> "VerifiersSourceOptions":
+    def _load(self, info: ValidationInfo) -> VerifiersSourceOptions:
         from rlcore_verifiers import envs
 
         extra = dict(self.model_extra or {})
         taskset_options = {**self.taskset_options, **extra}
         spec = self.env
         if not spec:
-            raise RlcoreError("name an environment: verifiers:PACKAGE, verifiers:PACKAGE:NAME or verifiers:python:FILE.py[:NAME]")
+            raise RlcoreError(
+                "name an environment: verifiers:PACKAGE, verifiers:PACKAGE:NAME or verifiers:python:FILE.py[:NAME]"
+            )
         loaded = envs.load(spec, taskset_options, self.env_options, _manifest_dir(info))
         object.__setattr__(self, "env", loaded.classes.ref.spec)
         typed = loaded.taskset_config.model_dump(mode="json", include=set(taskset_options))
@@ -80,16 +85,27 @@ class VerifiersRewardOptions(Options):
 
 class VerifiersLoopOptions(Options):
     max_turns: int | None = Field(
-        None, ge=1, le=256,
+        None,
+        ge=1,
+        le=256,
         description="model turns per episode; default: the seat's own max_turns, else 8",
     )
     max_tokens_per_turn: int | None = Field(
-        None, ge=1, description="cap of one model turn (the whole episode is capped by data.max_response_tokens)"
+        None,
+        ge=1,
+        description="cap of one model turn (the whole episode is capped by data.max_response_tokens)",
     )
     parser: Literal["auto", "hermes", "json"] = Field(
-        "auto", description="how tool calls are read from the model's text: hermes <tool_call> tags, OpenAI JSON, or both"
+        "auto",
+        description="how tool calls are read from the model's text: hermes <tool_call> tags, OpenAI JSON, or both",
     )
-    tool_timeout_s: float = Field(30.0, gt=0, description="a tool call running longer returns an error to the model")
-    max_tool_response_chars: int = Field(4000, ge=16, description="longer tool results are cut (marked) before the model sees them")
+    tool_timeout_s: float = Field(
+        30.0, gt=0, description="a tool call running longer returns an error to the model"
+    )
+    max_tool_response_chars: int = Field(
+        4000, ge=16, description="longer tool results are cut (marked) before the model sees them"
+    )
     max_calls_per_turn: int = Field(8, ge=1, description="further calls in one turn get an error message")
-    episode_timeout_s: float = Field(600.0, gt=0, description="an episode (the env's run) running longer is ended")
+    episode_timeout_s: float = Field(
+        600.0, gt=0, description="an episode (the env's run) running longer is ended"
+    )

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import rlcore
 from rlcore.components import Component
-
 from rlcore_verifiers.options import VerifiersLoopOptions, VerifiersRewardOptions, VerifiersSourceOptions
 
 

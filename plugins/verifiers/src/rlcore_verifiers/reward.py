@@ -15,7 +15,6 @@ from typing import Any
 
 from rlcore.errors import RlcoreError
 from rlcore.interfaces import RewardInput, RewardResult
-
 from rlcore_verifiers import envs, traces
 from rlcore_verifiers.options import VerifiersRewardOptions
 from rlcore_verifiers.traces import KEY
@@ -41,7 +40,9 @@ class VerifiersReward:
         if rec is not None:
             trace = traces.from_record(task, loaded.seat, loaded.seat_config, rec)
         else:
-            trace = traces.from_response(task, loaded.seat, loaded.seat_config, list(item.messages), item.response)
+            trace = traces.from_response(
+                task, loaded.seat, loaded.seat_config, list(item.messages), item.response
+            )
         score, metrics = asyncio.run(traces.score(task, trace))
         return RewardResult(score, metrics)
 
@@ -56,8 +57,8 @@ class VerifiersReward:
                     continue
                 raise RlcoreError(
                     f"data {source_name!r}, row {prompt.index}: the verifiers reward scores rows of the verifiers data "
-                    f"source (data.train = \"verifiers:ENV\"), and this row has no extra_info.{KEY}; route other "
-                    "sources to another reward with [reward.routes], or set [reward] missing = \"zero\""
+                    f'source (data.train = "verifiers:ENV"), and this row has no extra_info.{KEY}; route other '
+                    'sources to another reward with [reward.routes], or set [reward] missing = "zero"'
                 )
             if info["env"] not in seen:
                 seen.add(info["env"])

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlcore.errors import RlcoreError
-
 from rlcore_verifiers.options import VerifiersSourceOptions
 from rlcore_verifiers.traces import KEY
 
@@ -56,24 +55,30 @@ class VerifiersSource:
                     f"verifiers environment {o.env!r}, task {task.data.idx}: it has no prompt (the user opens the "
                     "conversation); rlcore starts every episode from the row's prompt"
                 )
-            rows.append({
-                "data_source": label,
-                "prompt": prompt_messages(task.data),
-                "ability": "verifiers",
-                "reward_model": {"style": "verifiers", "ground_truth": ""},
-                "extra_info": {
-                    "split": role,
-                    "index": position,
-                    KEY: {
-                        "env": o.env,
-                        "taskset_options": o.taskset_options,
-                        "env_options": o.env_options,
-                        "task": task.data.model_dump(mode="json", exclude_none=True, exclude_defaults=True),
+            rows.append(
+                {
+                    "data_source": label,
+                    "prompt": prompt_messages(task.data),
+                    "ability": "verifiers",
+                    "reward_model": {"style": "verifiers", "ground_truth": ""},
+                    "extra_info": {
+                        "split": role,
+                        "index": position,
+                        KEY: {
+                            "env": o.env,
+                            "taskset_options": o.taskset_options,
+                            "env_options": o.env_options,
+                            "task": task.data.model_dump(
+                                mode="json", exclude_none=True, exclude_defaults=True
+                            ),
+                        },
                     },
-                },
-            })
+                }
+            )
         if not rows:
-            raise RlcoreError(f"verifiers environment {o.env!r} gave no task (skip = {o.skip}, limit = {o.limit})")
+            raise RlcoreError(
+                f"verifiers environment {o.env!r} gave no task (skip = {o.skip}, limit = {o.limit})"
+            )
         return rows
 
 

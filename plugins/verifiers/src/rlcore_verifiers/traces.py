@@ -36,16 +36,18 @@ def append(trace: Any, message: Any, sampled: bool) -> None:
 
 def message(data: dict[str, Any]) -> Any:
     """A typed verifiers message from an OpenAI-style dict."""
-    from pydantic import TypeAdapter
     import verifiers.v1 as vf
+    from pydantic import TypeAdapter
 
     return TypeAdapter(vf.Message).validate_python(data)
 
 
 def record(trace: Any) -> dict[str, Any]:
     return {
-        "nodes": [{"message": n.message.model_dump(mode="json", exclude_none=True), "sampled": n.sampled}
-                  for n in trace.nodes],
+        "nodes": [
+            {"message": n.message.model_dump(mode="json", exclude_none=True), "sampled": n.sampled}
+            for n in trace.nodes
+        ],
         "stop": trace.stop_condition,
         "state": trace.state.model_dump(mode="json"),
     }
@@ -62,7 +64,9 @@ def from_record(task: Any, seat: str, seat_config: Any, rec: dict[str, Any]) -> 
     return trace
 
 
-def from_response(task: Any, seat: str, seat_config: Any, prompt_messages: list[dict[str, Any]], response: str) -> Any:
+def from_response(
+    task: Any, seat: str, seat_config: Any, prompt_messages: list[dict[str, Any]], response: str
+) -> Any:
     """A one-turn trace: the row's prompt and the model's reply (rows played by another agent loop)."""
     import verifiers.v1 as vf
 

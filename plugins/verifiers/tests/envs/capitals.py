@@ -30,8 +30,12 @@ class CapitalsConfig(vf.TasksetConfig):
 class CapitalsTaskset(vf.Taskset[CapitalTask, CapitalsConfig]):
     def load(self):
         for country, capital in CAPITALS[: self.config.countries]:
-            yield CapitalTask(CapitalData(prompt=f"What is the capital of {country}?", system_prompt="Be brief.",
-                                          answer=capital), self.config.task)
+            yield CapitalTask(
+                CapitalData(
+                    prompt=f"What is the capital of {country}?", system_prompt="Be brief.", answer=capital
+                ),
+                self.config.task,
+            )
 
 
 __all__ = ["CapitalsTaskset"]

@@ -25,8 +25,10 @@ class GuessTask(vf.Task[GuessData]):
 class GuessTaskset(vf.Taskset[GuessTask, vf.TasksetConfig]):
     def load(self):
         for secret in (3, 7):
-            yield GuessTask(GuessData(prompt="Guess my number between 1 and 9. Reply with a number.", secret=secret),
-                            self.config.task)
+            yield GuessTask(
+                GuessData(prompt="Guess my number between 1 and 9. Reply with a number.", secret=secret),
+                self.config.task,
+            )
 
 
 class GuessEnvConfig(vf.EnvConfig):

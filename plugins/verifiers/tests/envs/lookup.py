@@ -54,8 +54,14 @@ class LookupTaskset(vf.Taskset[LookupTask, LookupTasksetConfig]):
     def load(self):
         table = self.config.task.tools.table
         for key in sorted(table):
-            yield LookupTask(LookupData(prompt=f"Look up {key} with the tool and reply with its value only.", key=key,
-                                        answer=table[key]), self.config.task)
+            yield LookupTask(
+                LookupData(
+                    prompt=f"Look up {key} with the tool and reply with its value only.",
+                    key=key,
+                    answer=table[key],
+                ),
+                self.config.task,
+            )
 
 
 __all__ = ["LookupTaskset"]

@@ -37,12 +37,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = "Write an rlcore manifest from a verl command line, launch script or YAML config."
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("sources", nargs="*", metavar="SOURCE", help="a script (or - for stdin), a .yaml config, or KEY=VALUE")
-    parser.add_argument("--config", action="append", default=[], metavar="FILE", help="a verl YAML config (repeatable)")
+    parser.add_argument(
+        "sources", nargs="*", metavar="SOURCE", help="a script (or - for stdin), a .yaml config, or KEY=VALUE"
+    )
+    parser.add_argument(
+        "--config", action="append", default=[], metavar="FILE", help="a verl YAML config (repeatable)"
+    )
     parser.add_argument("--out", "-o", metavar="FILE", help="write the manifest here (default: stdout)")
     parser.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     parser.add_argument(
-        "--launcher", choices=("auto", "local", "ray", "slurm"), default="auto",
+        "--launcher",
+        choices=("auto", "local", "ray", "slurm"),
+        default="auto",
         help="where the run goes: auto = ray for several GPUs (as verl), local for one; slurm = the slurm launcher",
     )
 

@@ -7,7 +7,6 @@ import re
 from typing import Any
 
 from rlcore.errors import did_you_mean
-
 from rlcore_verl.hydra import Override, convert_primitive, flatten
 from rlcore_verl.verl_defaults import OPEN_TABLES, defaults_for
 
@@ -20,8 +19,12 @@ class VerlConfig:
         self.defaults, self.native = defaults_for(module)
         self.values: dict[str, Any] = dict(self.defaults)
         self.origins: dict[str, str] = {}  # key -> where it was set; absent: verl's default
-        self.problems: list[tuple[str, str, str]] = []  # (key, origin, message): overrides verl itself refuses
-        self.unknown: dict[str, tuple[str, bool]] = {}  # keys verl does not have -> (where set, added with "+")
+        self.problems: list[
+            tuple[str, str, str]
+        ] = []  # (key, origin, message): overrides verl itself refuses
+        self.unknown: dict[
+            str, tuple[str, bool]
+        ] = {}  # keys verl does not have -> (where set, added with "+")
 
     # Building -------------------------------------------------------------------------------
 
@@ -30,7 +33,11 @@ class VerlConfig:
         config repeats every default, its interpolations resolved (``rollout_n: 5``)."""
         changed = {}
         for key, value in flat.items():
-            if key == "defaults" or (key in self.defaults and self.defaults[key] == value) or _inert(key, value):
+            if (
+                key == "defaults"
+                or (key in self.defaults and self.defaults[key] == value)
+                or _inert(key, value)
+            ):
                 continue
             changed[key] = value
             self.values[key] = value
@@ -57,12 +64,20 @@ class VerlConfig:
             self.unknown[key] = (origin, override.op != "set")
         if override.op == "add" and key in self.native:
             self.problems.append(
-                (key, origin, f"+{key}: verl already has this key (Hydra refuses '+' on it); write {key}=... instead")
+                (
+                    key,
+                    origin,
+                    f"+{key}: verl already has this key (Hydra refuses '+' on it); write {key}=... instead",
+                )
             )
         elif override.op == "set" and key in self.defaults and key not in self.native:
             self.problems.append(
-                (key, origin, f"{key}: {self.module}'s config has no such key (the DAPO recipe's); Hydra refuses it "
-                 f"without '+': write +{key}=...")
+                (
+                    key,
+                    origin,
+                    f"{key}: {self.module}'s config has no such key (the DAPO recipe's); Hydra refuses it "
+                    f"without '+': write +{key}=...",
+                )
             )
         self.set(key, override.value, origin)
 
@@ -116,7 +131,7 @@ class VerlConfig:
             out.update(value)
         for k in self.values:
             if k.startswith(key + "."):
-                out[k[len(key) + 1:]] = self.get(k)
+                out[k[len(key) + 1 :]] = self.get(k)
         return out
 
     def suggestion(self, key: str) -> str | None:
@@ -136,7 +151,7 @@ class VerlConfig:
         default: Any = None
         target = expression.strip()
         if target.startswith("oc.select:"):
-            target, _, fallback = target[len("oc.select:"):].partition(",")
+            target, _, fallback = target[len("oc.select:") :].partition(",")
             default = convert_primitive(fallback.strip().strip("'\"")) if fallback else None
             target = target.strip()
         if target.startswith("."):  # relative to the key's own section

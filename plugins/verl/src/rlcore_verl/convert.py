@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TextIO
 
 from rlcore.errors import UsageError
-
 from rlcore_verl.config import VerlConfig
 from rlcore_verl.hydra import parse_override, read_yaml_config
 from rlcore_verl.manifest import render
@@ -41,11 +40,19 @@ class Result:
     def failed(self) -> bool:
         """Something essential did not map: an essential key, or a key verl itself would refuse."""
         refused = [k for k, (_, added) in self.unknown.items() if not added]
-        return bool(refused or self.conversion.cfg.problems or any(u.essential for u in self.conversion.unmapped))
+        return bool(
+            refused or self.conversion.cfg.problems or any(u.essential for u in self.conversion.unmapped)
+        )
 
 
-def convert_inputs(inputs: Inputs, *, out_dir: Path | None = None, launcher: str = "auto",
-                   environ: dict[str, str] | None = None, cwd: Path | None = None) -> Result:
+def convert_inputs(
+    inputs: Inputs,
+    *,
+    out_dir: Path | None = None,
+    launcher: str = "auto",
+    environ: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Result:
     cwd = cwd or Path.cwd()
     sources: list[str] = []
     notes: list[str] = []
@@ -60,8 +67,14 @@ def convert_inputs(inputs: Inputs, *, out_dir: Path | None = None, launcher: str
             except (OSError, UnicodeDecodeError) as exc:
                 raise UsageError(f"cannot read the script {inputs.script!r}: {exc}") from None
         name = Path(inputs.script).name if inputs.script != "<stdin>" else "<stdin>"
-        command = find_verl_command(text, name=name, script_path=inputs.script, args=inputs.script_args,
-                                    environ=dict(os.environ) if environ is None else environ, cwd=str(cwd))
+        command = find_verl_command(
+            text,
+            name=name,
+            script_path=inputs.script,
+            args=inputs.script_args,
+            environ=dict(os.environ) if environ is None else environ,
+            cwd=str(cwd),
+        )
         module, ray_job, ray_address = command.module, command.ray_job, command.ray_job_address
         words += command.words
         notes += command.notes
@@ -69,8 +82,10 @@ def convert_inputs(inputs: Inputs, *, out_dir: Path | None = None, launcher: str
         if inputs.script_args and not any(origin == "command line" for _, origin in command.words):
             extra = [w for w in inputs.script_args if "=" in w or w.startswith(("+", "~"))]
             if extra:
-                notes.append(f"{name}: its verl command has no \"$@\"; the overrides given after the script are "
-                             "applied after it")
+                notes.append(
+                    f'{name}: its verl command has no "$@"; the overrides given after the script are '
+                    "applied after it"
+                )
                 words += [(w, "command line") for w in extra]
     words += [(w, "command line") for w in inputs.overrides]
     if inputs.overrides and inputs.script is None:
@@ -79,7 +94,9 @@ def convert_inputs(inputs: Inputs, *, out_dir: Path | None = None, launcher: str
     for path in inputs.configs:
         flat = read_yaml_config(path)
         if "defaults" in flat:
-            notes.append(f"{path}: its Hydra defaults list is not composed; verl's ppo_trainer.yaml values are the base")
+            notes.append(
+                f"{path}: its Hydra defaults list is not composed; verl's ppo_trainer.yaml values are the base"
+            )
         cfg.apply_yaml(flat, path.name)
         sources.insert(0, str(path))
     for word, origin in words:
@@ -88,9 +105,16 @@ def convert_inputs(inputs: Inputs, *, out_dir: Path | None = None, launcher: str
             continue
         cfg.apply_override(parse_override(word, origin))
     if not sources:
-        raise UsageError("nothing to convert: give a verl launch script, a .yaml config or KEY=VALUE overrides")
-    options = Options(launcher=launcher, out_dir=out_dir.resolve() if out_dir is not None else None, cwd=cwd,
-                      ray_job=ray_job, ray_job_address=ray_address)
+        raise UsageError(
+            "nothing to convert: give a verl launch script, a .yaml config or KEY=VALUE overrides"
+        )
+    options = Options(
+        launcher=launcher,
+        out_dir=out_dir.resolve() if out_dir is not None else None,
+        cwd=cwd,
+        ray_job=ray_job,
+        ray_job_address=ray_address,
+    )
     conversion = convert(cfg, options)
     return Result(render(conversion, sources), conversion, sources, notes)
 
@@ -101,8 +125,11 @@ def report(result: Result, out: Path | None, stream: TextIO) -> None:
     given = cfg.given_keys()
     mapped = {s for line in conversion.lines for s in line.sources if cfg.given(s)}
     where = str(out) if out is not None else "stdout"
-    print(f"rlcore from-verl: {len(given)} verl keys set in {', '.join(result.sources)}; "
-          f"{len(mapped)} mapped; manifest written to {where}", file=stream)
+    print(
+        f"rlcore from-verl: {len(given)} verl keys set in {', '.join(result.sources)}; "
+        f"{len(mapped)} mapped; manifest written to {where}",
+        file=stream,
+    )
     for note in result.notes:
         print(f"  note: {note}", file=stream)
     for _key, origin, message in cfg.problems:
@@ -123,7 +150,10 @@ def report(result: Result, out: Path | None, stream: TextIO) -> None:
             kind = "added with '+', verl does not read it" if added else "verl refuses it (not in its config)"
             print(f"  {key} ({origin}): {kind}{hint}", file=stream)
     if result.failed:
-        print("something essential did not map (above); the manifest does not do what the verl run does", file=stream)
+        print(
+            "something essential did not map (above); the manifest does not do what the verl run does",
+            file=stream,
+        )
     else:
         target = out if out is not None else "FILE"
         print(f"everything essential mapped; check it with: rlcore validate {target}", file=stream)

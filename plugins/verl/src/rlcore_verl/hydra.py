@@ -17,7 +17,9 @@ from rlcore.errors import UsageError
 
 _KEY = re.compile(r"[A-Za-z_][\w\-]*(?:\.[A-Za-z_0-9][\w\-]*)*")
 _INT = re.compile(r"[+-]?\d[\d_]*")
-_FLOAT = re.compile(r"[+-]?(?:\d[\d_]*\.[\d_]*|\.\d[\d_]*|\d[\d_]*)(?:[eE][+-]?\d+)?|[+-]?(?:inf|nan)", re.IGNORECASE)
+_FLOAT = re.compile(
+    r"[+-]?(?:\d[\d_]*\.[\d_]*|\.\d[\d_]*|\d[\d_]*)(?:[eE][+-]?\d+)?|[+-]?(?:inf|nan)", re.IGNORECASE
+)
 
 
 class OverrideError(UsageError):
@@ -44,7 +46,9 @@ def parse_override(word: str, origin: str) -> Override:
     key, sep, text = body.partition("=")
     key = key.strip()
     if not _KEY.fullmatch(key):
-        raise OverrideError(f"{origin}: {word!r} is not a Hydra override (expected key=value, +key=value or ~key)")
+        raise OverrideError(
+            f"{origin}: {word!r} is not a Hydra override (expected key=value, +key=value or ~key)"
+        )
     if not sep:
         if op != "delete":
             raise OverrideError(f"{origin}: {word!r} has no '=': a Hydra override is key=value")
@@ -63,7 +67,7 @@ def parse_value(text: str) -> Any:
     value = parser.value(top=True)
     parser.skip_space()
     if parser.pos != len(text):
-        raise OverrideError(f"unexpected {text[parser.pos:]!r} in the value {text!r}")
+        raise OverrideError(f"unexpected {text[parser.pos :]!r} in the value {text!r}")
     return value
 
 
@@ -158,7 +162,7 @@ class _ValueParser:
             elif not depth and ch in stops:
                 break
             self.pos += 1
-        return self.text[start:self.pos]
+        return self.text[start : self.pos]
 
     def primitive(self, top: bool) -> Any:
         text = self.bare_until("" if top else ",]}").strip()

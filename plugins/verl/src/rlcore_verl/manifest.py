@@ -17,9 +17,22 @@ from rlcore.manifest_api import component_options, core_table
 from rlcore_verl.mapping import Conversion, Line
 from rlcore_verl.verl_defaults import VERL_COMMIT
 
-TABLE_ORDER = ("run", "model", "model.lora", "data", "rollout", "reward", "algorithm", "filters.dynamic_sampling",
-               "shapers.overlong", "critic", "agent", "trainer",
-               "loggers.wandb", "launcher")
+TABLE_ORDER = (
+    "run",
+    "model",
+    "model.lora",
+    "data",
+    "rollout",
+    "reward",
+    "algorithm",
+    "filters.dynamic_sampling",
+    "shapers.overlong",
+    "critic",
+    "agent",
+    "trainer",
+    "loggers.wandb",
+    "launcher",
+)
 # For a component table: the key that names the component, and the component's kind.
 SELECTORS = {
     "rollout": (("engine", "rollout_engine"),),
@@ -37,19 +50,25 @@ def render(conversion: Conversion, sources: list[str]) -> str:
     tables = {t: [line for line in lines if line.table == t] for t in TABLE_ORDER}
     out = [
         f"# Written by `rlcore from-verl` from {', '.join(sources)} (verl's keys as of verl {VERL_COMMIT}).",
-        "# Each line names the verl key it came from; \"verl's default\" marks a value the verl command",
+        '# Each line names the verl key it came from; "verl\'s default" marks a value the verl command',
         "# left at verl's default, written because rlcore's default differs. Check it: rlcore validate FILE",
     ]
     for table, table_lines in tables.items():
         if not table_lines:
             continue
         out += ["", f"[{table}]"]
-        rendered = [(f"{toml_key(line.key)} = {toml_value(line.value)}", comment(line, conversion)) for line in table_lines]
+        rendered = [
+            (f"{toml_key(line.key)} = {toml_value(line.value)}", comment(line, conversion))
+            for line in table_lines
+        ]
         width = min(max(len(text) for text, _ in rendered), 48)
         out += [f"{text:<{width}}  # {note}" for text, note in rendered]
     essential = [u for u in conversion.unmapped if u.essential]
     if essential:
-        out += ["", "# NOT MAPPED, and it changes what is trained (every key that did not map is listed on stderr):"]
+        out += [
+            "",
+            "# NOT MAPPED, and it changes what is trained (every key that did not map is listed on stderr):",
+        ]
         out += [f"#   {item.key}: {item.reason}" for item in essential]
     return "\n".join(out) + "\n"
 

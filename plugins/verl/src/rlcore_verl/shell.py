@@ -329,8 +329,13 @@ class _Lexer:
 
 
 _ARITH_OPS = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Mod: operator.mod,
-    ast.Pow: operator.pow, ast.LShift: operator.lshift, ast.RShift: operator.rshift,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.LShift: operator.lshift,
+    ast.RShift: operator.rshift,
 }
 
 
@@ -357,7 +362,9 @@ def _arith(node: ast.AST) -> int:
 class Shell:
     """The variables and positional parameters of a script as it is read, top to bottom."""
 
-    def __init__(self, name: str, script_path: str, args: Sequence[str], environ: Mapping[str, str], cwd: str):
+    def __init__(
+        self, name: str, script_path: str, args: Sequence[str], environ: Mapping[str, str], cwd: str
+    ):
         self.name, self.script_path, self.cwd = name, script_path, cwd
         self.args = list(args)
         self.environ = dict(environ)
@@ -371,7 +378,9 @@ class Shell:
     def lookup(self, name: str) -> str | list[str] | None:
         if name in self.conditional:
             line = self.conditional.pop(name)
-            self.note(line, f"{name} is set inside an if/for/while block and used later; read as if that branch ran")
+            self.note(
+                line, f"{name} is set inside an if/for/while block and used later; read as if that branch ran"
+            )
         if name in self.variables:
             return self.variables[name]
         if name == "PWD":
@@ -457,9 +466,11 @@ class Shell:
             return str(len(value) if isinstance(value, list) else len(value or ""))
         match = re.match(r"([A-Za-z_]\w*|[0-9]+|[@*#])(\[([^\]]*)\])?", body)
         if not match:
-            raise ScriptError(f"{self.name}:{line}: ${{{body}}} is not a parameter expansion this reader knows")
+            raise ScriptError(
+                f"{self.name}:{line}: ${{{body}}} is not a parameter expansion this reader knows"
+            )
         name, index = match.group(1), match.group(3)
-        rest = body[match.end():]
+        rest = body[match.end() :]
         if index is not None:
             array = self.lookup(name)
             elements = array if isinstance(array, list) else ([] if array is None else [array])
@@ -479,9 +490,12 @@ class Shell:
             return "" if value is None else value
         op = re.match(r":?[-=+?]", rest)
         if not op:
-            self.note(line, f"${{{body}}}: only the default forms (:-, -, :=, =, :+, +) are read; taken as ${{{name}}}")
+            self.note(
+                line,
+                f"${{{body}}}: only the default forms (:-, -, :=, =, :+, +) are read; taken as ${{{name}}}",
+            )
             return "" if value is None else value
-        operator_text, word_text = op.group(), rest[op.end():]
+        operator_text, word_text = op.group(), rest[op.end() :]
         is_set = value is not None and (not operator_text.startswith(":") or value not in ("", []))
         kind = operator_text[-1]
         if kind == "+":
@@ -489,7 +503,9 @@ class Shell:
         if is_set:
             return value  # type: ignore[return-value]
         if kind == "?":
-            raise ScriptError(f"{self.name}:{line}: ${{{body}}}: {name} is not set, and the script requires it")
+            raise ScriptError(
+                f"{self.name}:{line}: ${{{body}}}: {name} is not set, and the script requires it"
+            )
         default = self.expand_inner(word_text, line)
         if kind == "=":
             self.variables[name] = default
@@ -547,7 +563,7 @@ class Shell:
         match = _ASSIGNMENT.match(first.text)
         if not match:
             return False
-        rest = [Piece(first.text[match.end():], expand=False, quoted=False), *word.pieces[1:]]
+        rest = [Piece(first.text[match.end() :], expand=False, quoted=False), *word.pieces[1:]]
         value = self.expand_text(Word(rest, line))
         name = match.group(1)
         if match.group(2):
@@ -571,24 +587,35 @@ class Shell:
         self.set(array.name, values, array.line, conditional)
 
 
-def find_verl_command(text: str, *, name: str, script_path: str = "", args: Sequence[str] = (),
-                      environ: Mapping[str, str] | None = None, cwd: str | None = None) -> VerlCommand:
+def find_verl_command(
+    text: str,
+    *,
+    name: str,
+    script_path: str = "",
+    args: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+) -> VerlCommand:
     """The ``python3 -m verl.trainer.main_ppo ...`` command of a script (the first, when there are
     several), its words expanded as bash would expand them at that point. ``args`` are the script's
     positional parameters (``$1``, ``$@``), ``environ`` the environment it starts from."""
-    shell = Shell(name, script_path or name, args, os.environ if environ is None else environ, cwd or os.getcwd())
+    shell = Shell(
+        name, script_path or name, args, os.environ if environ is None else environ, cwd or os.getcwd()
+    )
     depth = 0
     found: VerlCommand | None = None
     others: list[int] = []
     for items, line, _separator in _Lexer(text, name).commands():
         words = [i for i in items if isinstance(i, Word)]
         while words and any(words[0].is_literal(k) for k in _PREFIX_KEYWORDS):
-            items = items[items.index(words[0]) + 1:]
+            items = items[items.index(words[0]) + 1 :]
             words = words[1:]
         if not items:
             continue
         head = next((w for w in words if not _is_assignment(w)), None)
-        head_text = "".join(p.text for p in head.pieces) if head and not any(p.expand for p in head.pieces) else ""
+        head_text = (
+            "".join(p.text for p in head.pieces) if head and not any(p.expand for p in head.pieces) else ""
+        )
         if head_text in _OPENERS:
             depth += 1
             continue
@@ -606,7 +633,7 @@ def find_verl_command(text: str, *, name: str, script_path: str = "", args: Sequ
                     shell.assign(item, line, conditional)
             continue
         if head_text in _DECLARATIONS:
-            for item in items[items.index(head) + 1:]:
+            for item in items[items.index(head) + 1 :]:
                 if isinstance(item, ArrayLiteral):
                     shell.assign_array(item, conditional)
                 elif isinstance(item, Word) and not shell.assign(item, line, conditional):
@@ -621,10 +648,13 @@ def find_verl_command(text: str, *, name: str, script_path: str = "", args: Sequ
             shell.args = shell.args[count:]
             continue
         if head_text in ("source", "."):
-            shell.note(line, f"{head_text} {' '.join(shell.expand_text(w) for w in words[1:])}: that file is not read")
+            shell.note(
+                line,
+                f"{head_text} {' '.join(shell.expand_text(w) for w in words[1:])}: that file is not read",
+            )
             continue
         expanded: list[tuple[str, str]] = []
-        for word in words[words.index(head):]:
+        for word in words[words.index(head) :]:
             origin = "command line" if _is_all_args(word) else f"{name}:{word.line}"
             expanded.extend((w, origin) for w in shell.expand_word(word))
         command = _verl_invocation(expanded, shell, line)
@@ -640,14 +670,22 @@ def find_verl_command(text: str, *, name: str, script_path: str = "", args: Sequ
             "give its overrides on the command line instead"
         )
     if others:
-        shell.note(found.line, f"the script runs more verl commands (lines {', '.join(map(str, others))}); the first is read")
+        shell.note(
+            found.line,
+            f"the script runs more verl commands (lines {', '.join(map(str, others))}); the first is read",
+        )
     found.notes = shell.notes
     return found
 
 
 def _is_assignment(word: Word) -> bool:
     first = word.pieces[0] if word.pieces else None
-    return first is not None and not first.expand and not first.quoted and _ASSIGNMENT.match(first.text) is not None
+    return (
+        first is not None
+        and not first.expand
+        and not first.quoted
+        and _ASSIGNMENT.match(first.text) is not None
+    )
 
 
 def _is_all_args(word: Word) -> bool:
@@ -683,5 +721,5 @@ def _option_value(texts: list[str], option: str) -> str | None:
         if text == option and i + 1 < len(texts):
             return texts[i + 1]
         if text.startswith(option + "="):
-            return text[len(option) + 1:]
+            return text[len(option) + 1 :]
     return None

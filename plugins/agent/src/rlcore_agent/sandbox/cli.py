@@ -12,12 +12,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     serve = sub.add_parser("serve", help="serve /run_code (sandbox-fusion's shape) over HTTP")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--timeout-s", type=float, default=10.0, help="wall-clock limit (requests may lower it)")
+    serve.add_argument(
+        "--timeout-s", type=float, default=10.0, help="wall-clock limit (requests may lower it)"
+    )
     serve.add_argument("--cpu-time-s", type=int, default=10)
-    serve.add_argument("--memory-mb", type=int, default=1024, help="address-space limit (requests may lower it)")
+    serve.add_argument(
+        "--memory-mb", type=int, default=1024, help="address-space limit (requests may lower it)"
+    )
     serve.add_argument("--max-processes", type=int, default=16)
     serve.add_argument("--max-output-bytes", type=int, default=1_000_000)
-    serve.add_argument("--max-concurrency", type=int, default=None, help="default: 2 per available CPU core, at most 32")
+    serve.add_argument(
+        "--max-concurrency", type=int, default=None, help="default: 2 per available CPU core, at most 32"
+    )
     serve.add_argument(
         "--isolation",
         choices=["bubblewrap", "process"],

@@ -46,7 +46,9 @@ class HttpSandbox:
             except (httpx.HTTPError, ValueError) as exc:
                 last = exc
         else:
-            return RunResult("Error", None, "", "", 0.0, message=f"the sandbox service at {self.url} failed: {last}")
+            return RunResult(
+                "Error", None, "", "", 0.0, message=f"the sandbox service at {self.url} failed: {last}"
+            )
         run = body.get("run_result") or {}
         if body.get("status") == "SandboxError" or not run:
             return RunResult("Error", None, "", "", 0.0, message=body.get("message") or "sandbox error")

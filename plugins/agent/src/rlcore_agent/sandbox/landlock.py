@@ -41,7 +41,9 @@ def abi() -> int:
     if platform.system() != "Linux":
         return 0
     try:
-        version = _syscall("create_ruleset", None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
+        version = _syscall(
+            "create_ruleset", None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION)
+        )
     except (OSError, AttributeError):
         return 0
     return max(int(version), 0)
@@ -95,7 +97,10 @@ def _add_path(fd: int, path: str, rights: int) -> None:
         if not os.path.isdir(path):
             rights &= _FILE_ONLY
         rule = ctypes.create_string_buffer(struct.pack("=Qi", rights, target), 12)  # packed: u64, s32
-        if _syscall("add_rule", ctypes.c_int(fd), ctypes.c_int(_RULE_PATH_BENEATH), rule, ctypes.c_uint32(0)) != 0:
+        if (
+            _syscall("add_rule", ctypes.c_int(fd), ctypes.c_int(_RULE_PATH_BENEATH), rule, ctypes.c_uint32(0))
+            != 0
+        ):
             err = ctypes.get_errno()
             raise OSError(err, f"landlock_add_rule({path}): {os.strerror(err)}")
     finally:

@@ -55,15 +55,27 @@ ISOLATIONS = ("bubblewrap", "process")
 Isolation = Literal["bubblewrap", "process"]
 INSTALL_BWRAP = "install bubblewrap (Debian/Ubuntu: apt-get install -y bubblewrap; Fedora/RHEL: dnf install -y bubblewrap)"
 PROCESS_RISKS = (
-    "isolation = \"process\" runs model-written code without namespaces: without Landlock it can read every "
+    'isolation = "process" runs model-written code without namespaces: without Landlock it can read every '
     "world-readable file on this machine and, unless running as root, write into /tmp"
 )
 # Directories every process may write to: the process isolation sweeps them for a slot's leftovers.
 SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 # What the process isolation lets the code read under Landlock (besides the interpreter).
-SYSTEM_READ = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
-               "/dev/urandom", "/dev/random", "/dev/zero", "/sys/devices/system/cpu",
-               "/proc/sys/kernel/cap_last_cap")  # setpriv reads the last one
+SYSTEM_READ = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc",
+    "/dev/urandom",
+    "/dev/random",
+    "/dev/zero",
+    "/sys/devices/system/cpu",
+    "/proc/sys/kernel/cap_last_cap",
+)  # setpriv reads the last one
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 
 _PROBE = (
@@ -115,7 +127,18 @@ class Interpreter:
         """The installation's directories outside the system ones: what the sandbox must expose."""
         exe = self.info["executable"]
         wanted = {os.path.dirname(exe), os.path.dirname(os.path.realpath(exe))}
-        wanted |= {self.info[k] for k in ("prefix", "base_prefix", "exec_prefix", "base_exec_prefix", "stdlib", "purelib", "platlib")}
+        wanted |= {
+            self.info[k]
+            for k in (
+                "prefix",
+                "base_prefix",
+                "exec_prefix",
+                "base_exec_prefix",
+                "stdlib",
+                "purelib",
+                "platlib",
+            )
+        }
         paths = sorted({os.path.realpath(p) for p in wanted if p} | {os.path.abspath(p) for p in wanted if p})
         paths = [p for p in paths if p != "/" and os.path.exists(p) and not _under(p, SYSTEM_DIRS)]
         return [p for p in paths if not any(p != q and _under(p, (q,)) for q in paths)]
@@ -156,7 +179,18 @@ def _untraversable(path: str) -> str | None:
 
 def _bwrap_error(bwrap: str) -> str | None:
     """None when bwrap can create the namespaces the sandbox uses, else why not."""
-    args = [bwrap, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--dev", "/dev", "--proc", "/proc"]
+    args = [
+        bwrap,
+        "--ro-bind",
+        "/",
+        "/",
+        "--unshare-net",
+        "--unshare-pid",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+    ]
     if os.geteuid() != 0:
         args.append("--unshare-user")
     try:
@@ -170,7 +204,10 @@ def _unshare_net_works() -> bool:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         return False
     try:
-        return subprocess.run(["unshare", "--net", "--", "true"], capture_output=True, timeout=20).returncode == 0
+        return (
+            subprocess.run(["unshare", "--net", "--", "true"], capture_output=True, timeout=20).returncode
+            == 0
+        )
     except (OSError, subprocess.SubprocessError):
         return False
 
@@ -196,7 +233,9 @@ class LocalSandbox:
     ):
         """``where`` names the configuration in error messages ("[tools.python]", "rlcore sandbox serve")."""
         if isolation not in ISOLATIONS:
-            raise UsageError(f"{where} isolation = {isolation!r}: expected one of {', '.join(map(repr, ISOLATIONS))}")
+            raise UsageError(
+                f"{where} isolation = {isolation!r}: expected one of {', '.join(map(repr, ISOLATIONS))}"
+            )
         self.limits = limits or Limits()
         self.where = where
         self.isolation: Isolation = isolation  # type: ignore[assignment]
@@ -208,17 +247,17 @@ class LocalSandbox:
         if isolation == "bubblewrap":
             if self.bwrap is None:
                 raise UsageError(
-                    f"{where} isolation = \"bubblewrap\" (the default), but bwrap is not installed here: {INSTALL_BWRAP}. "
-                    f"Or, accepting the risks, set isolation = \"process\" ({PROCESS_RISKS})"
+                    f'{where} isolation = "bubblewrap" (the default), but bwrap is not installed here: {INSTALL_BWRAP}. '
+                    f'Or, accepting the risks, set isolation = "process" ({PROCESS_RISKS})'
                 )
             why = _bwrap_error(self.bwrap)
             if why is not None:
                 raise UsageError(
-                    f"{where} isolation = \"bubblewrap\": bwrap ({self.bwrap}) cannot create namespaces here: {why}. "
+                    f'{where} isolation = "bubblewrap": bwrap ({self.bwrap}) cannot create namespaces here: {why}. '
                     "Allow them (a container needs --privileged or a seccomp profile that permits unshare; a host "
                     "needs unprivileged user namespaces: sysctl kernel.unprivileged_userns_clone=1, and on Ubuntu "
                     "kernel.apparmor_restrict_unprivileged_userns=0), or run rlcore as root. Or, accepting the "
-                    f"risks, set isolation = \"process\" ({PROCESS_RISKS})"
+                    f'risks, set isolation = "process" ({PROCESS_RISKS})'
                 )
         else:
             self.landlock_abi = landlock.abi()
@@ -248,11 +287,20 @@ class LocalSandbox:
         done = ["rlimits", "a private working directory (cwd, HOME, TMPDIR) removed after each run"]
         left = []
         if self.as_root:
-            done.append("a private uid per slot; its leftovers in " + ", ".join(SHARED_WRITABLE) + " are removed after each run")
+            done.append(
+                "a private uid per slot; its leftovers in "
+                + ", ".join(SHARED_WRITABLE)
+                + " are removed after each run"
+            )
         if self.landlock_abi:
-            done.append(f"Landlock (ABI {self.landlock_abi}): reads only system directories and the interpreter, writes only its directory")
+            done.append(
+                f"Landlock (ABI {self.landlock_abi}): reads only system directories and the interpreter, writes only its directory"
+            )
         else:
-            left.append("no Landlock in this kernel: the code reads every world-readable file" + ("" if self.as_root else " and writes into /tmp, /var/tmp, /dev/shm"))
+            left.append(
+                "no Landlock in this kernel: the code reads every world-readable file"
+                + ("" if self.as_root else " and writes into /tmp, /var/tmp, /dev/shm")
+            )
         if self.unshare_net:
             done.append("no network (unshare --net)")
         elif self.landlock_abi >= 4:
@@ -261,24 +309,56 @@ class LocalSandbox:
         else:
             left.append("the network is open (no network namespace, no Landlock ABI 4)")
         left.append("processes of other users are visible (no PID namespace)")
-        return "isolation = \"process\" (no namespaces): " + "; ".join(done) + ". Remains: " + "; ".join(left) + f". For full isolation, {INSTALL_BWRAP} and use isolation = \"bubblewrap\""
+        return (
+            'isolation = "process" (no namespaces): '
+            + "; ".join(done)
+            + ". Remains: "
+            + "; ".join(left)
+            + f'. For full isolation, {INSTALL_BWRAP} and use isolation = "bubblewrap"'
+        )
 
     def _check_interpreter(self, configured: str | None) -> None:
         """Run the probe inside the sandbox: it must report the same Python as on the host."""
-        result = _run_blocking(self.run(_PROBE, limits=Limits(wall_s=max(self.limits.wall_s, 60.0), cpu_s=max(self.limits.cpu_s, 30),
-                                                              memory_mb=self.limits.memory_mb, max_processes=self.limits.max_processes,
-                                                              max_output_bytes=100_000, max_file_mb=1)))
-        what = f"{self.where} python = {configured!r}" if configured else f"{self.where} (the interpreter running rlcore, {self.python})"
+        result = _run_blocking(
+            self.run(
+                _PROBE,
+                limits=Limits(
+                    wall_s=max(self.limits.wall_s, 60.0),
+                    cpu_s=max(self.limits.cpu_s, 30),
+                    memory_mb=self.limits.memory_mb,
+                    max_processes=self.limits.max_processes,
+                    max_output_bytes=100_000,
+                    max_file_mb=1,
+                ),
+            )
+        )
+        what = (
+            f"{self.where} python = {configured!r}"
+            if configured
+            else f"{self.where} (the interpreter running rlcore, {self.python})"
+        )
         try:
-            inside = json.loads(result.stdout) if result.status == "Finished" and result.return_code == 0 else None
+            inside = (
+                json.loads(result.stdout) if result.status == "Finished" and result.return_code == 0 else None
+            )
         except ValueError:
             inside = None
         if not isinstance(inside, dict):
             details = (result.stderr or result.message or result.stdout).strip()[-600:]
-            raise UsageError(f"{what}: the sandbox ({self.isolation}) could not run the interpreter: {details}{self._reach_hint()}")
-        differ = [f"{k} is {inside.get(k)!r}, not {self.interpreter.info[k]!r}" for k in _COMPARED if inside.get(k) != self.interpreter.info[k]]
+            raise UsageError(
+                f"{what}: the sandbox ({self.isolation}) could not run the interpreter: {details}{self._reach_hint()}"
+            )
+        differ = [
+            f"{k} is {inside.get(k)!r}, not {self.interpreter.info[k]!r}"
+            for k in _COMPARED
+            if inside.get(k) != self.interpreter.info[k]
+        ]
         if differ:
-            raise UsageError(f"{what}: inside the sandbox ({self.isolation}) a different Python runs: " + "; ".join(differ) + self._reach_hint())
+            raise UsageError(
+                f"{what}: inside the sandbox ({self.isolation}) a different Python runs: "
+                + "; ".join(differ)
+                + self._reach_hint()
+            )
 
     def _reach_hint(self) -> str:
         if self.isolation != "process" or not self.as_root:
@@ -288,7 +368,7 @@ class LocalSandbox:
             if blocked:
                 return (
                     f". The sandbox's unprivileged user cannot reach {os.path.realpath(path)}: {blocked} is not searchable by other users. "
-                    "Point python at an interpreter (or virtual environment) that every user can read, or use isolation = \"bubblewrap\""
+                    'Point python at an interpreter (or virtual environment) that every user can read, or use isolation = "bubblewrap"'
                 )
         return ""
 
@@ -350,7 +430,15 @@ class LocalSandbox:
         }
         python = [self.python, "-I", "-u", "main.py"]
         drop = (
-            ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--"]
+            [
+                "setpriv",
+                f"--reuid={uid}",
+                f"--regid={uid}",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                "--",
+            ]
             if self.as_root
             else []
         )
@@ -359,7 +447,13 @@ class LocalSandbox:
             # The private /tmp first: binds that follow may lie under /tmp (a virtual environment in a CI checkout).
             argv = [self.bwrap, "--tmpfs", "/tmp", *self._ro_binds(), "--proc", "/proc", "--dev", "/dev"]
             argv += ["--bind", str(workdir), SANDBOX_DIR, "--chdir", SANDBOX_DIR]
-            argv += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+            argv += [
+                "--unshare-net",
+                "--unshare-pid",
+                "--unshare-ipc",
+                "--unshare-uts",
+                "--unshare-cgroup-try",
+            ]
             if not self.as_root:
                 argv += ["--unshare-user"]
             argv += ["--die-with-parent", "--new-session", "--clearenv"]
@@ -450,7 +544,9 @@ class LocalSandbox:
         async with self._semaphore():
             slot = self._take_slot()
             try:
-                return await self._run(code, stdin, limits or self.limits, slot, files or {}, fetch_files or [])
+                return await self._run(
+                    code, stdin, limits or self.limits, slot, files or {}, fetch_files or []
+                )
             finally:
                 self._give_slot(slot)
 
@@ -504,7 +600,9 @@ class LocalSandbox:
             await asyncio.to_thread(self._sweep_uid, uid)
             shutil.rmtree(workdir, ignore_errors=True)
 
-    async def _collect(self, proc: asyncio.subprocess.Process, stdin: str, limits: Limits, started: float, uid: int) -> RunResult:
+    async def _collect(
+        self, proc: asyncio.subprocess.Process, stdin: str, limits: Limits, started: float, uid: int
+    ) -> RunResult:
         out, err = bytearray(), bytearray()
         total = 0
         overflow = asyncio.Event()
@@ -539,25 +637,30 @@ class LocalSandbox:
         pumps = asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err), feed())
         waiter = asyncio.ensure_future(proc.wait())
         overflowed = asyncio.ensure_future(overflow.wait())
-        done, _ = await asyncio.wait({waiter, overflowed}, timeout=limits.wall_s, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            {waiter, overflowed}, timeout=limits.wall_s, return_when=asyncio.FIRST_COMPLETED
+        )
         timed_out = not done
         truncated = overflow.is_set()
         if waiter not in done:
             self._kill(proc, uid)
             try:
                 await asyncio.wait_for(asyncio.shield(waiter), 10)
-            except asyncio.TimeoutError:  # killed, but not seen to exit: never hang the caller
+            except TimeoutError:  # killed, but not seen to exit: never hang the caller
                 waiter.cancel()
         overflowed.cancel()
         try:
             await asyncio.wait_for(pumps, 5)
-        except asyncio.TimeoutError:  # a grandchild holds the pipes open: it was killed by uid
+        except TimeoutError:  # a grandchild holds the pipes open: it was killed by uid
             pumps.cancel()
         elapsed = time.monotonic() - started
         rc = proc.returncode
         stdout = out.decode("utf-8", errors="replace")
         stderr = err.decode("utf-8", errors="replace")
-        cpu_killed = rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGKILL) and not truncated
+        cpu_killed = (
+            rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGKILL)
+            and not truncated
+        )
         if timed_out or (cpu_killed and rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU)):
             status = "TimeLimitExceeded"
         else:

@@ -31,7 +31,9 @@ def to_response(result: RunResult) -> RunCodeResponse:
     )
     ok = result.status == "Finished" and result.return_code == 0 and not result.output_truncated
     files = {k: base64.b64encode(v).decode() for k, v in (result.files or {}).items()}
-    return RunCodeResponse(status="Success" if ok else "Failed", message=result.message, run_result=run, files=files)
+    return RunCodeResponse(
+        status="Success" if ok else "Failed", message=result.message, run_result=run, files=files
+    )
 
 
 def create_app(sandbox: LocalSandbox) -> FastAPI:
@@ -49,7 +51,9 @@ def create_app(sandbox: LocalSandbox) -> FastAPI:
                 status="SandboxError", message=f"unsupported language {request.language!r}; supported: python"
             )
         base = sandbox.limits
-        memory = base.memory_mb if request.memory_limit_MB <= 0 else min(base.memory_mb, request.memory_limit_MB)
+        memory = (
+            base.memory_mb if request.memory_limit_MB <= 0 else min(base.memory_mb, request.memory_limit_MB)
+        )
         limits = Limits(
             wall_s=min(base.wall_s, request.run_timeout),
             cpu_s=base.cpu_s,
