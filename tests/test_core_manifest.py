@@ -334,9 +334,10 @@ MALFORMED = [
     ),
     (
         "logger-options-not-enabled",
-        VALID + '\n[loggers.wandb]\nproject = "x"\n',
-        "loggers.wandb",
-        "[loggers.wandb]",
+        _replace("steps = 3", 'steps = 3\nloggers = ["console"]')
+        + '\n[loggers.jsonl]\nfilename = "m.jsonl"\n',
+        "loggers.jsonl",
+        "[loggers.jsonl]",
         "does not enable it",
     ),
     (
