@@ -38,9 +38,8 @@ def test_every_component_hookspec_is_a_kind_and_every_kind_a_hookspec():
 def test_manifest_tables_come_from_the_kinds():
     assert COMPONENT_TABLES == kinds.selectors() and COMPONENT_MAPS == kinds.named_tables()
     for kind in kinds.KINDS:
-        if (
-            kind.table is None
-        ):  # chosen otherwise (a data source by its prefix, a harness on the command line)
+        # chosen otherwise (a data source by its prefix, a harness on the command line)
+        if kind.table is None:
             continue
         assert kind.table in Manifest.model_fields, f"{kind.name}: no [{kind.table}] table in the manifest"
         model = Manifest.model_fields[kind.table].annotation

@@ -163,9 +163,8 @@ def test_stale_batches_train_against_current_and_generating_log_probs(tmp_path, 
             mask = batch.response_mask.bool()
             under_generating = trainer.actor.logprobs(batch, 1.0, model=generating)
             assert torch.allclose(batch.rollout_logprobs[mask], under_generating[mask], atol=1e-4)
-            if (
-                has_old and step - version == 1
-            ):  # a stale batch's old log-probs are not its generating weights'
+            # a stale batch's old log-probs are not its generating weights'
+            if has_old and step - version == 1:
                 assert not torch.allclose(
                     batch.tensors["old_logprobs"][mask], under_generating[mask], atol=1e-4
                 )

@@ -109,9 +109,8 @@ def check_batch_filter(
         exhausted = getattr(selector, "on_exhausted", "pad")
         assert exhausted in ("pad", "raise"), f"on_exhausted must be 'pad' or 'raise', got {exhausted!r}"
         extra = {}
-        if getattr(
-            selector, "reward_items", False
-        ):  # as the trainer gives them: the reward's acc, its raw score
+        # as the trainer gives them: the reward's acc, its raw score
+        if getattr(selector, "reward_items", False):
             extra["reward_items"] = [{"acc": s, "score": s} for s in scores]
         kept = list(selector.select(trajectories, list(scores), GROUP_SIZE, **extra))
         assert all(isinstance(g, int) and 0 <= g < groups for g in kept), (

@@ -183,9 +183,8 @@ class RLTrainer:
         )
         maker = BatchMaker(self.scorer, self.tokenizer, inputs, filling)
         if staleness is None:
-            if (
-                self.step and not self.engine.shares_actor
-            ):  # an engine holding its own weights still has the initial ones
+            # an engine holding its own weights still has the initial ones
+            if self.step and not self.engine.shares_actor:
                 self.rollout.sync_weights(self.actor.weights_to_sync())
             return InTurn(self.rollout, maker, self.actor.weights_to_sync, self.cursor)
         logger.info(

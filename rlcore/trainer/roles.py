@@ -151,9 +151,8 @@ def _build_roles(
         context.total_steps = total_steps
 
     scorer = None
-    if (
-        purpose != "serve"
-    ):  # the reward before the model: its worker processes fork while this process is small
+    # the reward before the model: its worker processes fork while this process is small
+    if purpose != "serve":
         scorer = Scorer(
             _reward(manifest, context), cfg.reward.timeout_s, cfg.reward.workers, cfg.reward.batch_timeout_s
         )

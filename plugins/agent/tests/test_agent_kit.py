@@ -55,9 +55,8 @@ def test_the_tool_loop_passes_the_kit_calling_tools():
 
     def script(context_ids, k):
         text = tokenizer.decode(context_ids, skip_special_tokens=False)
-        if (
-            "<|im_start|>tool" not in text
-        ):  # first turn: call the tool (sample 1 of each prompt answers at once)
+        # first turn: call the tool (sample 1 of each prompt answers at once)
+        if "<|im_start|>tool" not in text:
             return (
                 None
                 if k == 1
