@@ -161,6 +161,27 @@ def read_data_spec(spec, registry=None, *, role: str = "train") -> tuple[list[di
     return read_source(spec, role=role, registry=registry)
 
 
+def prompts_of_spec(tokenizer, spec, registry=None) -> list:
+    """The rows of a data spec as prompts an agent loop receives: each row's chat messages through
+    the tokenizer's chat template (with the generation prompt), its data source and extra info."""
+    from rlcore.interfaces import Prompt
+
+    rows, _ = read_data_spec(spec, registry)
+    out = []
+    for k, row in enumerate(rows):
+        text = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+        out.append(
+            Prompt(
+                token_ids=tokenizer.encode(text, add_special_tokens=False),
+                messages=row["prompt"],
+                data_source=row["data_source"],
+                extra_info=row["extra_info"],
+                index=k,
+            )
+        )
+    return out
+
+
 def check_data_spec(spec, registry=None) -> str | None:
     """What ``rlcore validate`` says about a data spec, or None when it is fine (no torch)."""
     from rlcore.data.prompts import check_data_spec as check

@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("verifiers")
 
-from rlcore.interfaces import Prompt  # noqa: E402
+
 from rlcore.testing.agents import check_agent_loop  # noqa: E402
-from rlcore.testing.runs import discover_registry, read_data_spec  # noqa: E402
+from rlcore.testing.runs import discover_registry, prompts_of_spec  # noqa: E402
 from rlcore.testing.tools import make_chat_tokenizer  # noqa: E402
 
 ENVS = Path(__file__).parent / "envs"
@@ -26,24 +26,6 @@ CAPITAL = {"France": "Paris", "Japan": "Tokyo", "Peru": "Lima", "Kenya": "Nairob
 
 def spec(name: str, query: str = "") -> str:
     return f"verifiers:python:{ENVS / name}" + (f"?{query}" if query else "")
-
-
-def prompts_of(tok, rows_spec) -> list[Prompt]:
-    """The env's rows as the trainer makes prompts of them."""
-    rows, _ = read_data_spec(rows_spec)
-    out = []
-    for k, row in enumerate(rows):
-        text = tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
-        out.append(
-            Prompt(
-                token_ids=tok.encode(text, add_special_tokens=False),
-                messages=row["prompt"],
-                data_source=row["data_source"],
-                extra_info=row["extra_info"],
-                index=k,
-            )
-        )
-    return out
 
 
 def capital_script(text: str, k: int) -> str:
@@ -87,7 +69,7 @@ def _check(tok, rows, play, **options):
         loop,
         options or None,
         tokenizer=tok,
-        prompts=prompts_of(tok, rows),
+        prompts=prompts_of_spec(tok, rows),
         script=None if play is None else _on_text(tok, play),
         max_new_tokens=200,
     )

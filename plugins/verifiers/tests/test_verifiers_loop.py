@@ -11,7 +11,12 @@ import pytest
 
 from rlcore.interfaces import BuildContext, Prompt, RewardInput, SamplingParams
 from rlcore.testing.rewards import check_reward_function
-from rlcore.testing.runs import check_data_spec, discover_registry, read_data_spec, score_trajectories
+from rlcore.testing.runs import (
+    check_data_spec,
+    discover_registry,
+    prompts_of_spec,
+    score_trajectories,
+)
 from rlcore.testing.tools import ScriptedEngine, make_chat_tokenizer
 
 ENVS = Path(__file__).parent / "envs"
@@ -26,23 +31,6 @@ def tok():
 @pytest.fixture(scope="module")
 def registry():
     return discover_registry()
-
-
-def prompts_of(tok, spec) -> list[Prompt]:
-    rows, _ = read_data_spec(spec)
-    out = []
-    for k, row in enumerate(rows):
-        text = tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
-        out.append(
-            Prompt(
-                token_ids=tok.encode(text, add_special_tokens=False),
-                messages=row["prompt"],
-                data_source=row["data_source"],
-                extra_info=row["extra_info"],
-                index=k,
-            )
-        )
-    return out
 
 
 def build(registry, kind, tok=None, **options):
@@ -69,7 +57,7 @@ def capital_script(text: str, i: int) -> str:
 
 
 def test_single_turn_rows_episodes_and_the_tasks_own_rewards(tok, registry):
-    prompts = prompts_of(tok, spec("capitals.py", "countries=3"))
+    prompts = prompts_of_spec(tok, spec("capitals.py", "countries=3"))
     assert [p.messages for p in prompts][0] == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What is the capital of France?"},
@@ -93,7 +81,7 @@ def test_single_turn_rows_episodes_and_the_tasks_own_rewards(tok, registry):
 
 
 def test_the_reward_scores_rows_played_by_another_loop_from_the_response(registry, tok):
-    [prompt] = prompts_of(tok, spec("capitals.py", "countries=1"))
+    [prompt] = prompts_of_spec(tok, spec("capitals.py", "countries=1"))
     reward = build(registry, "reward_function")
     item = RewardInput(
         response="Paris.",
@@ -149,7 +137,7 @@ def guesser(text: str, i: int) -> str:
 
 
 def test_multi_turn_env_answers_each_turn_and_its_stop_ends_an_episode(tok, registry):
-    prompts = prompts_of(tok, spec("guess.py"))
+    prompts = prompts_of_spec(tok, spec("guess.py"))
     loop = build(registry, "agent_loop", tok)
     out = loop.run(prompts, ScriptedEngine(tok, guesser), params(tok))
     by_secret = {3: out[0], 7: out[2]}
@@ -173,7 +161,7 @@ def test_multi_turn_env_answers_each_turn_and_its_stop_ends_an_episode(tok, regi
 
 
 def test_max_turns_and_the_token_budget_end_episodes(tok, registry):
-    prompts = prompts_of(tok, spec("guess.py"))[:1]
+    prompts = prompts_of_spec(tok, spec("guess.py"))[:1]
     always_wrong = ScriptedEngine(tok, lambda text, i: "9")
     out = build(registry, "agent_loop", tok).run(prompts, always_wrong, params(tok, n=1))
     assert (out[0].num_turns, out[0].finish_reason) == (4, "stop")  # the seat's own max_turns = 4
@@ -194,7 +182,7 @@ def test_env_options_reach_the_seat(tok, registry):
         "env": f"python:{ENVS / 'guess.py'}",
         "env_options": {"player": {"max_turns": 2}},
     }
-    prompts = prompts_of(tok, table)[:1]
+    prompts = prompts_of_spec(tok, table)[:1]
     out = build(registry, "agent_loop", tok).run(
         prompts, ScriptedEngine(tok, lambda text, i: "9"), params(tok, n=1)
     )
@@ -215,7 +203,7 @@ def lookup_script(text: str, i: int) -> str:
 
 
 def test_tool_calls_run_the_tasks_mcp_toolset_in_process(tok, registry):
-    prompts = prompts_of(tok, spec("lookup.py"))
+    prompts = prompts_of_spec(tok, spec("lookup.py"))
     loop = build(registry, "agent_loop", tok)
     out = loop.run(prompts, ScriptedEngine(tok, lookup_script), params(tok))
     alpha, alpha_bad = out[0], out[1]
@@ -252,7 +240,7 @@ def test_long_tool_results_are_cut(tok, registry):
         "env": f"python:{ENVS / 'lookup.py'}",
         "task": {"tools": {"table": {"alpha": "x" * 500}}},
     }
-    prompts = prompts_of(tok, table)
+    prompts = prompts_of_spec(tok, table)
     out = build(registry, "agent_loop", tok, max_tool_response_chars=40).run(
         prompts, ScriptedEngine(tok, lookup_script), params(tok, n=1, max_new_tokens=400)
     )
@@ -263,7 +251,7 @@ def test_long_tool_results_are_cut(tok, registry):
 
 
 def test_an_env_that_fails_ends_its_episode_which_scores_zero(tok, registry):
-    prompts = prompts_of(tok, spec("broken.py"))
+    prompts = prompts_of_spec(tok, spec("broken.py"))
     out = build(registry, "agent_loop", tok).run(
         prompts, ScriptedEngine(tok, lambda text, i: "hi"), params(tok, n=2)
     )
@@ -275,9 +263,9 @@ def test_an_env_that_fails_ends_its_episode_which_scores_zero(tok, registry):
 
 def test_an_installed_package_is_named_by_its_module(tok, registry, monkeypatch):
     monkeypatch.syspath_prepend(str(ENVS))
-    [prompt] = prompts_of(tok, "verifiers:capitals?countries=1")
+    [prompt] = prompts_of_spec(tok, "verifiers:capitals?countries=1")
     assert prompt.extra_info["verifiers"]["env"] == "capitals" and prompt.data_source == "verifiers/capitals"
-    [named] = prompts_of(tok, "verifiers:capitals:CapitalsTaskset?countries=1")
+    [named] = prompts_of_spec(tok, "verifiers:capitals:CapitalsTaskset?countries=1")
     assert named.data_source == "verifiers/capitals.CapitalsTaskset"
     item = RewardInput(
         response="Paris",
