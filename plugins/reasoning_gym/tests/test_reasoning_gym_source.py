@@ -178,3 +178,22 @@ def test_rlcore_validate_checks_a_source_with_a_located_error_and_no_torch(tmp_p
     assert "m.toml:4: [data.train]" in out and "did you mean 'max_terms'" in out, out
     assert "[data.val]" in out and "unknown reasoning_gym task 'chan_sum'" in out, out
     assert proc.stdout.strip().splitlines()[-1] == "False 2", out
+
+
+def test_a_dependency_of_reasoning_gym_missing_is_one_located_line(tmp_path):
+    """Installed without its dependencies (pip --no-deps, as on a machine without an index),
+    reasoning-gym fails on import; validation names the missing module and the fix."""
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(
+        '[model]\npath = "org/model"\n[data]\ntrain = "reasoning_gym:chain_sum"\n'
+        '[reward]\nfunction = "reasoning_gym"\n[trainer]\nsteps = 1\n'
+    )
+    code = (
+        "import sys; sys.modules['pytz'] = None; "  # None in sys.modules: importing it raises ImportError
+        "from rlcore.cli import main; print(main(['validate', sys.argv[1]]))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(manifest)], capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    assert "m.toml:4: [data.train]" in out and "reasoning-gym cannot be imported" in out, out
+    assert "pytz" in out and "pip install rlcore-reasoning-gym" in out, out
+    assert "Traceback" not in out and proc.stdout.strip().splitlines()[-1] == "2", out

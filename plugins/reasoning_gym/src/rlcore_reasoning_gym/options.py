@@ -22,7 +22,13 @@ _OWN = ("seed", "size")
 
 def task_table() -> dict[str, tuple[type, type]]:
     """reasoning-gym's registered tasks: name -> (dataset class, configuration dataclass)."""
-    import reasoning_gym  # noqa: F401 - importing registers every task
+    try:
+        import reasoning_gym  # noqa: F401 - importing registers every task
+    except ImportError as exc:  # a dependency left out (a --no-deps install): one line, not a traceback
+        raise RlcoreError(
+            f"reasoning-gym cannot be imported ({exc}); install it with its dependencies: "
+            "pip install rlcore-reasoning-gym (or pip install reasoning-gym==0.1.25)"
+        ) from None
     from reasoning_gym.factory import DATASETS
 
     return DATASETS
