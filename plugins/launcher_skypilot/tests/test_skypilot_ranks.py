@@ -104,13 +104,16 @@ def test_two_ranks_on_a_node_train_together(sky_launcher, launch_request, capsys
 
 
 def test_a_failing_rank_is_named_and_ends_the_others(sky_launcher, launch_request, capsys, tmp_path):
-    """Rank 1's interpreter fails at once; rank 0's would run for a minute: the node exits with rank 1's
-    status within seconds, the log naming it."""
+    """Rank 3's interpreter fails as soon as rank 2 has started (a marker file: on a loaded machine
+    rank 2 may otherwise be stopped before it prints); rank 2's would run for a minute: the node
+    exits with rank 3's status within seconds, the log naming it."""
     fake = tmp_path / "python"
     fake.write_text(
         '#!/bin/bash\necho "rank $RANK of $WORLD_SIZE (local $LOCAL_RANK of $LOCAL_WORLD_SIZE), '
         'master $MASTER_ADDR:$MASTER_PORT, node $NODE_RANK, threads $OMP_NUM_THREADS: $*"\n'
-        'if [ "$RANK" = 3 ]; then exit 7; fi\nsleep 60\n'
+        f"touch {tmp_path}/started-$RANK\n"
+        f'if [ "$RANK" = 3 ]; then for i in $(seq 100); do [ -e {tmp_path}/started-2 ] && break; sleep 0.1; done; exit 7; fi\n'
+        "sleep 60\n"
     )
     fake.chmod(0o755)
     home = tmp_path / "home"
