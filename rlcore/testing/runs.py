@@ -162,24 +162,14 @@ def read_data_spec(spec, registry=None, *, role: str = "train") -> tuple[list[di
 
 
 def prompts_of_spec(tokenizer, spec, registry=None) -> list:
-    """The rows of a data spec as prompts an agent loop receives: each row's chat messages through
-    the tokenizer's chat template (with the generation prompt), its data source and extra info."""
-    from rlcore.interfaces import Prompt
+    """The rows of a data spec as prompts an agent loop receives, made by the trainer's own
+    :func:`rlcore.data.prompts.load_prompts` (chat template with the generation prompt, data
+    source, ground truth, extra info), with no length limit."""
+    import sys
 
-    rows, _ = read_data_spec(spec, registry)
-    out = []
-    for k, row in enumerate(rows):
-        text = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
-        out.append(
-            Prompt(
-                token_ids=tokenizer.encode(text, add_special_tokens=False),
-                messages=row["prompt"],
-                data_source=row["data_source"],
-                extra_info=row["extra_info"],
-                index=k,
-            )
-        )
-    return out
+    from rlcore.data.prompts import load_prompts
+
+    return list(load_prompts(spec, registry=registry, tokenizer=tokenizer, max_prompt_tokens=sys.maxsize))
 
 
 def check_data_spec(spec, registry=None) -> str | None:

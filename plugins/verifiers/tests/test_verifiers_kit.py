@@ -14,7 +14,6 @@ import pytest
 
 pytest.importorskip("verifiers")
 
-
 from rlcore.testing.agents import check_agent_loop  # noqa: E402
 from rlcore.testing.runs import discover_registry, prompts_of_spec  # noqa: E402
 from rlcore.testing.tools import make_chat_tokenizer  # noqa: E402
