@@ -375,6 +375,7 @@ def write_manifest(
     (work / "reward.py").write_text(REWARD)
     engine = "".join(f"{k} = {v}\n" for k, v in (kv.split("=", 1) for kv in args.engine_option))
     trainer_extra = "".join(f"{k} = {v}\n" for k, v in (kv.split("=", 1) for kv in args.trainer_option))
+    algorithm_extra = "".join(f"{k} = {v}\n" for k, v in (kv.split("=", 1) for kv in args.algorithm_option))
     storage, compute = PRECISIONS[args.precision]
     model_extra = f'dtype = "{storage}"\ncompute_dtype = "{compute}"\n'
     model_extra += f'attn_implementation = "{args.attn}"\n' if args.attn else ""
@@ -410,7 +411,7 @@ policy_loss = "ppo_clip"
 kl_coef = 0.0
 mini_batches = 1
 ppo_epochs = 1
-[trainer]
+{algorithm_extra}[trainer]
 steps = {args.warmup + args.steps}
 lr = 1e-6
 micro_batch_tokens = {args.micro_batch_tokens}
@@ -739,6 +740,13 @@ def main() -> None:
         help="extra [trainer] keys (e.g. profile_steps=[2])",
     )
     parser.add_argument(
+        "--algorithm-option",
+        action="append",
+        default=[],
+        metavar="KEY=TOML",
+        help='extra [algorithm] keys (e.g. rollout_correction="token_truncate", which an FP8 vLLM rollout needs)',
+    )
+    parser.add_argument(
         "--engine", default="hf", help="rlcore's [rollout] engine (hf, or vllm where installed)"
     )
     parser.add_argument(
@@ -746,7 +754,7 @@ def main() -> None:
         action="append",
         default=[],
         metavar="KEY=TOML",
-        help="an option of the hf engine, e.g. max_batch_size=256 (repeatable)",
+        help='a [rollout] option of the engine, e.g. max_batch_size=256 or quantization="fp8" (repeatable)',
     )
     parser.add_argument(
         "--trl-micro-batch",

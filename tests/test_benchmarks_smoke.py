@@ -63,6 +63,8 @@ def test_grpo_step_benchmark_runs_rlcore_steps(tmp_path):
             "--model-option",
             "share_prompts=true",
             "--also-unshared",
+            "--algorithm-option",
+            'rollout_correction="token_truncate"',
             "--json",
             str(out),
         ],

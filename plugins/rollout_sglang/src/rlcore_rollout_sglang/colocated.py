@@ -12,6 +12,7 @@ trainer runs, load new weights from tensors.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -178,8 +179,11 @@ class SGLangColocatedEngine:
                 check(self.engine.unload_lora_adapter(lora_name=old), f"SGLang LoRA unload of {old}")
             except RlcoreError as exc:
                 logger.warning("{}", exc)
+            shutil.rmtree(self._lora_root / old, ignore_errors=True)  # one adapter a sync would fill the disk
 
     def close(self) -> None:
+        if getattr(self, "_lora_root", None) is not None:
+            shutil.rmtree(self._lora_root, ignore_errors=True)
         engine = getattr(self, "engine", None)
         if engine is not None and hasattr(engine, "shutdown"):
             engine.shutdown()

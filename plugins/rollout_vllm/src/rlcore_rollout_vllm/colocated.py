@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -203,9 +204,14 @@ class VLLMColocatedEngine:
             ) from exc
         if old is not None:
             self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(
+                os.path.join(self._lora_root, f"v{old.lora_int_id}"), ignore_errors=True
+            )  # else: a copy a sync
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
+        if getattr(self, "_lora_root", None):
+            shutil.rmtree(self._lora_root, ignore_errors=True)
         llm = getattr(self, "llm", None)
         if llm is not None:
             del self.llm
