@@ -4,7 +4,7 @@
 # compile llama.cpp). With --test, the test dependencies too. Prints a line as each phase starts.
 #
 #   ./scripts/setup.sh            # then: .venv/bin/rlcore run examples/quickstart.toml
-#   ./scripts/setup.sh --test     # then: .venv/bin/python -m pytest
+#   ./scripts/setup.sh --test     # then: .venv/bin/python -m pytest -n 2
 #
 # torch: a torch already in .venv is kept (on a GPU machine, install the CUDA build you want first).
 # Otherwise torch==2.13.0 comes from pip's configured index. That is the CPU build only where the
