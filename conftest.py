@@ -24,6 +24,7 @@ def pytest_configure(config):
 
 
 def shared_cluster(item: pytest.Item) -> str | None:
+    """The cluster a test drives (its plugin's, in SHARED_CLUSTERS), or None."""
     parts = item.path.parts
     if "plugins" not in parts:
         return None

@@ -179,7 +179,8 @@ class SGLangColocatedEngine:
                 check(self.engine.unload_lora_adapter(lora_name=old), f"SGLang LoRA unload of {old}")
             except RlcoreError as exc:
                 logger.warning("{}", exc)
-            shutil.rmtree(self._lora_root / old, ignore_errors=True)  # one adapter a sync would fill the disk
+            # The replaced adapter's files: one copy a sync would otherwise pile up on disk.
+            shutil.rmtree(self._lora_root / old, ignore_errors=True)
 
     def close(self) -> None:
         if getattr(self, "_lora_root", None) is not None:

@@ -204,9 +204,8 @@ class VLLMColocatedEngine:
             ) from exc
         if old is not None:
             self.llm.llm_engine.remove_lora(old.lora_int_id)
-            shutil.rmtree(
-                os.path.join(self._lora_root, f"v{old.lora_int_id}"), ignore_errors=True
-            )  # else: a copy a sync
+            # The replaced adapter's files: one copy a sync would otherwise pile up on disk.
+            shutil.rmtree(os.path.join(self._lora_root, f"v{old.lora_int_id}"), ignore_errors=True)
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
