@@ -367,6 +367,7 @@ def test_colocated_lora_load_then_switch():
     plain, _ = _colocated()
     with pytest.raises(UsageError, match="lora_rank"):
         plain.update_weights(adapter, lora={"rank": 4, "alpha": 8})
+    assert plain._lora_root is None  # no adapter, no folder
 
 
 def test_colocated_reports_rejected_engine_args_and_missing_sglang():

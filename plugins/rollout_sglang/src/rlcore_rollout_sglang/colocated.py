@@ -74,7 +74,7 @@ class SGLangColocatedEngine:
         self.weight_version = 0
         self.lora_name: str | None = None
         self._lora_version = 0
-        self._lora_root = Path(tempfile.mkdtemp(prefix="rlcore-sglang-lora-"))
+        self._lora_root: Path | None = None  # made at the first adapter: most runs have none
 
     # ------------------------------------------------------------------ generation
 
@@ -169,6 +169,8 @@ class SGLangColocatedEngine:
             )
         self._lora_version += 1
         name = f"{adapter_name(lora)}-lora-v{self._lora_version}"
+        if self._lora_root is None:
+            self._lora_root = Path(tempfile.mkdtemp(prefix="rlcore-sglang-lora-"))
         path = write_adapter(named_tensors, lora, self._lora_root / name)
         check(
             self.engine.load_lora_adapter(lora_name=name, lora_path=str(path)), f"SGLang LoRA load of {name}"

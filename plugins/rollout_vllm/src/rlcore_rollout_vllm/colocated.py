@@ -107,7 +107,7 @@ class VLLMColocatedEngine:
         self._weights_asleep = False
         self._lora_request = None
         self._lora_version = 0
-        self._lora_root = tempfile.mkdtemp(prefix="rlcore-vllm-lora-")
+        self._lora_root: str | None = None  # made at the first adapter: most runs have none
         self.weight_version = 0
 
     # ------------------------------------------------------------------ generation
@@ -192,6 +192,8 @@ class VLLMColocatedEngine:
         from vllm.lora.request import LoRARequest
 
         self._lora_version += 1
+        if self._lora_root is None:
+            self._lora_root = tempfile.mkdtemp(prefix="rlcore-vllm-lora-")
         path = write_adapter(named_tensors, spec, os.path.join(self._lora_root, f"v{self._lora_version}"))
         old = self._lora_request
         self._lora_request = LoRARequest(f"{spec.name}-{self._lora_version}", self._lora_version, str(path))
