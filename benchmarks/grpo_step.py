@@ -360,6 +360,11 @@ def registry():
     return reg
 
 
+def toml_lines(options: list[str]) -> str:
+    """``KEY=TOML`` command-line options as the ``key = value`` lines of a manifest table."""
+    return "".join(f"{k} = {v}\n" for k, v in (kv.split("=", 1) for kv in options))
+
+
 def write_manifest(
     args,
     shape: str,
@@ -373,13 +378,13 @@ def write_manifest(
     data = work / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": p, "ground_truth": "0"}) + "\n" for p in prompts))
     (work / "reward.py").write_text(REWARD)
-    engine = "".join(f"{k} = {v}\n" for k, v in (kv.split("=", 1) for kv in args.engine_option))
-    trainer_extra = "".join(f"{k} = {v}\n" for k, v in (kv.split("=", 1) for kv in args.trainer_option))
-    algorithm_extra = "".join(f"{k} = {v}\n" for k, v in (kv.split("=", 1) for kv in args.algorithm_option))
+    engine = toml_lines(args.engine_option)
+    trainer_extra = toml_lines(args.trainer_option)
+    algorithm_extra = toml_lines(args.algorithm_option)
     storage, compute = PRECISIONS[args.precision]
     model_extra = f'dtype = "{storage}"\ncompute_dtype = "{compute}"\n'
     model_extra += f'attn_implementation = "{args.attn}"\n' if args.attn else ""
-    model_extra += "".join(f"{k} = {v}\n" for k, v in (kv.split("=", 1) for kv in model_options))
+    model_extra += toml_lines(model_options)
     if args.gradient_checkpointing:
         model_extra += "gradient_checkpointing = true\n"
     lora_table = f"[model.lora]\nrank = {args.lora}\nalpha = {2 * args.lora}\n" if args.lora else ""
