@@ -21,11 +21,18 @@ last column adds the prefill's matrix products (each distinct prompt once) to th
 Variants of rlcore's ``hf`` engine: ``compiled`` (the CUDA defaults: graphs, compiled layers and
 sampling, the Triton decode attention), ``compiled-sdpa`` (the same with the masked SDPA attention
 over the whole cache, as before issue 24), ``graphs``, ``eager``, ``plain``.
+
+``--lora RANK`` puts peft LoRA adapters on every linear layer (as a ``[model.lora]`` run's actor
+has them when the engine shares it) and adds ``lora-modules`` (compiled, but every projection
+called as peft's module, as the decoder did before it ran adapters as direct products) and
+``lora-off`` (compiled, adapters disabled: the base model's speed), e.g.
+``--shape qwen2.5-7b --lora 16 --variants compiled,lora-modules,lora-off --no-vllm --no-transformers``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import json
@@ -128,22 +135,42 @@ def timed(fn, device: str) -> tuple[float, object]:
     return time.perf_counter() - start, value
 
 
+def with_lora(model, rank: int):
+    """``model`` with LoRA adapters of ``rank`` on every linear layer (alpha 2 x rank), their B
+    factors non-zero so that they change the output, in the model's dtype (as the trainer's
+    mixed precision publishes them)."""
+    import peft
+
+    config = peft.LoraConfig(
+        r=rank, lora_alpha=2 * rank, target_modules="all-linear", init_lora_weights=False
+    )
+    lora = peft.get_peft_model(model, config).to(model.dtype).eval()
+    lora.requires_grad_(False)
+    return lora
+
+
 def run_rlcore(model, works: dict, device: str, options: dict) -> dict:
     from rlcore_rollout_hf.engine import HFRolloutEngine
     from rlcore_rollout_hf.options import HFEngineOptions
 
     from rlcore.interfaces import SamplingParams
 
+    options = dict(options)
+    direct = options.pop("direct", True)  # False: the decoder calls peft's modules
+    adapters = contextlib.nullcontext() if options.pop("adapters", True) else model.disable_adapter()
     engine = HFRolloutEngine(model, options=HFEngineOptions(**options))
+    if engine.fast is not None:
+        engine.fast.decoder.direct = direct
     out = {}
-    for name, work in works.items():
-        params = SamplingParams(n=work["n"], temperature=1.0, max_new_tokens=max(work["caps"]), seed=1)
-        call = functools.partial(engine.generate, work["prompts"], params, max_new_tokens=work["caps"])
-        warm, _ = timed(call, device)
-        seconds, groups = timed(call, device)
-        got = sum(len(c.token_ids) for group in groups for c in group)
-        assert got == generated(work), (got, generated(work))
-        out[name] = dict(seconds=seconds, warmup_seconds=warm, tokens=got, tokens_per_s=got / seconds)
+    with adapters:
+        for name, work in works.items():
+            params = SamplingParams(n=work["n"], temperature=1.0, max_new_tokens=max(work["caps"]), seed=1)
+            call = functools.partial(engine.generate, work["prompts"], params, max_new_tokens=work["caps"])
+            warm, _ = timed(call, device)
+            seconds, groups = timed(call, device)
+            got = sum(len(c.token_ids) for group in groups for c in group)
+            assert got == generated(work), (got, generated(work))
+            out[name] = dict(seconds=seconds, warmup_seconds=warm, tokens=got, tokens_per_s=got / seconds)
     engine.sleep()
     return out
 
@@ -228,14 +255,29 @@ def main() -> int:
     parser.add_argument(
         "--variants", default="compiled", help="comma list of: compiled, compiled-sdpa, graphs, eager, plain"
     )
+    parser.add_argument(
+        "--lora",
+        type=int,
+        metavar="RANK",
+        help="adapters of this rank on every linear layer; adds the variants lora-modules and lora-off",
+    )
+    parser.add_argument(
+        "--workloads", default="fixed,fixed-n4,varied", help="comma list of: fixed, fixed-n4, varied"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
     model = build_model(args.shape, args.device)
+    if args.lora:
+        model = with_lora(model, args.lora)
     config = model.config
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     matrix_params = matrix_parameters(model)
-    works = workloads(args.max_new, args.prompts, config.vocab_size)
+    works = {
+        k: w
+        for k, w in workloads(args.max_new, args.prompts, config.vocab_size).items()
+        if k in args.workloads.split(",")
+    }
     results: dict = {
         "shape": args.shape,
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
@@ -256,6 +298,10 @@ def main() -> int:
         "eager": dict(fast_path="on", cuda_graphs=False, compile=False, max_batch_size=args.prompts),
         "plain": dict(fast_path="off", max_batch_size=args.prompts),
     }
+    # With --lora: the compiled variant with peft's modules called as before (lora-modules) and
+    # with the adapters disabled (lora-off, the base model's speed).
+    variants["lora-modules"] = dict(variants["compiled"], direct=False)
+    variants["lora-off"] = dict(variants["compiled"], adapters=False)
     for variant in args.variants.split(","):
         # The compiled variant compiles once per batch bucket in the warm-up call (the varied
         # workload passes through a dozen buckets); the timed call reuses them all.
@@ -293,6 +339,19 @@ def main() -> int:
             print(
                 f"{name:10} {engine:22} {tps:10.0f} {vs_hf if vs_hf else float('nan'):15.2f} "
                 f"{vs_vllm if vs_vllm else float('nan'):8.2f} {tps / bound['decode']:12.1%} {tps / bound['with_prefill']:9.1%}"
+            )
+    if args.lora and {"rlcore-compiled", "rlcore-lora-modules", "rlcore-lora-off"} <= results.keys():
+        print(
+            f"\nLoRA rank {args.lora} on every linear layer, tokens/s of the direct products (compiled) against:"
+        )
+        for name in works:
+            tps = {
+                k: results[f"rlcore-{k}"][name]["tokens_per_s"]
+                for k in ("compiled", "lora-modules", "lora-off")
+            }
+            print(
+                f"  {name:10} peft's modules called: {tps['compiled'] / tps['lora-modules']:.2f}x; "
+                f"no adapters: {tps['compiled'] / tps['lora-off']:.2f}x"
             )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

@@ -47,6 +47,44 @@ def test_rollout_benchmark_runs_every_workload(tmp_path):
     assert results["transformers"]["fixed"]["tokens_per_s"] > 0
 
 
+def test_rollout_benchmark_with_lora_adapters_times_the_three_lora_variants(tmp_path):
+    out = tmp_path / "rollout.json"
+    args = [
+        "--shape",
+        "tiny",
+        "--device",
+        "cpu",
+        "--prompts",
+        "8",
+        "--max-new",
+        "8",
+        "--no-vllm",
+        "--no-transformers",
+    ]
+    args += [
+        "--lora",
+        "4",
+        "--variants",
+        "compiled,lora-modules,lora-off",
+        "--workloads",
+        "fixed-n4",
+        "--json",
+        str(out),
+    ]
+    done = subprocess.run(
+        [sys.executable, "benchmarks/rollout_gpu.py", *args],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    results = json.loads(out.read_text())
+    for engine in ("rlcore-compiled", "rlcore-lora-modules", "rlcore-lora-off"):
+        assert set(results[engine]) == {"fixed-n4"} and results[engine]["fixed-n4"]["tokens"] == 2 * 4 * 8
+    assert "fixed-n4   peft's modules called:" in done.stdout
+
+
 def test_grpo_step_benchmark_runs_rlcore_steps(tmp_path):
     out = tmp_path / "grpo.json"
     subprocess.run(

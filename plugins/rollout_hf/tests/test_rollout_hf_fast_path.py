@@ -217,24 +217,101 @@ def test_the_triton_decode_attention_is_refused_where_it_cannot_run_and_auto_fal
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])  # without and with q/k/v biases
-def test_fused_qkv_projections_follow_in_place_updates_and_skip_lora_layers(kind):
-    from rlcore_rollout_hf.decoder import FusedQKV
+def test_fused_qkv_projections_follow_in_place_updates(kind):
+    from rlcore_rollout_hf.projections import QKVCopies
 
     model = build(kind)
     items = prompts(4, seed=7)
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=12)
     engine = HFRolloutEngine(model, options=HFEngineOptions(fast_path="on"))
     assert engine.fast.decoder.fused is None  # CPU default: separate products
-    engine.fast.decoder.fused = FusedQKV(engine.fast.decoder.layers)  # as on CUDA
+    engine.fast.decoder.fused = QKVCopies()  # as on CUDA
     plain = flat(run(model, items, params, fast_path="off"))
     assert flat(engine.generate(items, params)) == plain
-    assert all(f is not None for f in engine.fast.decoder.fused.weights)
+    assert all(plan.qkv is not None and plan.qkv.a is None for plan in engine.fast.decoder.plans)
     with torch.no_grad():  # an optimizer step: the fused copies must follow
         for tensor in model.parameters():
             tensor.add_(torch.randn_like(tensor) * 0.2)
     assert flat(engine.generate(items, params)) == flat(run(model, items, params, fast_path="off")) != plain
+
+
+def lora_model(kind: str, seed: int = 0, **config):
+    """A peft LoRA model whose adapters change the output (B initialised non-zero)."""
     peft = pytest.importorskip("peft")
-    lora = peft.get_peft_model(
-        build(kind), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
-    )
-    assert not any(FusedQKV.fusable(layer.self_attn) for layer in lora.get_base_model().model.layers)
+    model = peft.get_peft_model(build(kind), peft.LoraConfig(r=4, lora_alpha=8, **config))
+    torch.manual_seed(seed)
+    for name, tensor in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(tensor, std=0.5)
+    return model
+
+
+def fast_engine_fused(model) -> HFRolloutEngine:
+    from rlcore_rollout_hf.projections import QKVCopies
+
+    engine = HFRolloutEngine(model, options=HFEngineOptions(fast_path="on"))
+    engine.fast.decoder.fused = QKVCopies()  # as on CUDA
+    return engine
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize(
+    "targets",
+    ["all-linear", ["q_proj", "v_proj", "down_proj"]],  # k without an adapter: a zero block in the fused B
+    ids=["all-linear", "q-v-down"],
+)
+def test_lora_projections_run_unmerged_and_fused_and_match_peft(kind, targets):
+    model = lora_model(kind, target_modules=targets)
+    items = prompts(4, seed=3)
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=16)
+    engine = fast_engine_fused(model)
+    plain = run(model, items, params, fast_path="off")  # peft's own forward
+    fast = engine.generate(items, params)
+    assert flat(fast) == flat(plain) and largest_logprob_gap(fast, plain) < 1e-4
+    for plan in engine.fast.decoder.plans:  # the direct products ran, adapters included
+        rank = 12 if targets == "all-linear" else 8
+        assert plan.qkv is not None and plan.qkv.a.shape[0] == rank and plan.qkv.scale == 2.0
+        assert (plan.o.a is not None) == (targets == "all-linear") and plan.mlp[2].a is not None
+    # An optimizer step moves the adapters in place: the fused copies follow.
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if "lora_" in name:
+                tensor.add_(torch.randn_like(tensor) * 0.3)
+    moved = engine.generate(items, params)
+    assert flat(moved) == flat(run(model, items, params, fast_path="off")) != flat(fast)
+    # Disabled adapters: the base alone (fused without adapter blocks), as peft computes it.
+    with model.disable_adapter():
+        base = engine.generate(items, params)
+        assert all(plan.qkv.a is None for plan in engine.fast.decoder.plans)
+        assert flat(base) == flat(run(model, items, params, fast_path="off")) != flat(moved)
+    # Merged into the base weights: the base alone again, which now holds the adapters.
+    model.merge_adapter()
+    merged = engine.generate(items, params)
+    assert all(plan.qkv.a is None for plan in engine.fast.decoder.plans)
+    assert flat(merged) == flat(moved)
+    model.unmerge_adapter()
+    # And calling the modules themselves (what the fast path did before) gives the same.
+    engine.fast.decoder.direct = False
+    assert flat(engine.generate(items, params)) == flat(moved) and engine.fast.decoder.plans is None
+
+
+def test_lora_layers_that_the_direct_products_cannot_reproduce_are_called_as_modules():
+    from rlcore_rollout_hf.projections import as_linear
+
+    items = prompts(3, seed=4)
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=10)
+    dora = lora_model("llama", target_modules=["q_proj", "o_proj"], use_dora=True)
+    engine = fast_engine_fused(dora)
+    assert flat(engine.generate(items, params)) == flat(run(dora, items, params, fast_path="off"))
+    plans = engine.fast.decoder.plans
+    assert all(p.q is None and p.qkv is None and p.o is None and p.k is not None for p in plans)
+    scaled = lora_model("qwen2", target_modules=["q_proj", "k_proj"], alpha_pattern={"k_proj": 16})
+    engine = fast_engine_fused(scaled)  # two scales in one layer: q, k and v apart, adapters unmerged
+    assert flat(engine.generate(items, params)) == flat(run(scaled, items, params, fast_path="off"))
+    assert all(p.qkv is None and p.q.scale == 2.0 and p.k.scale == 4.0 for p in engine.fast.decoder.plans)
+    dropping = lora_model("llama", target_modules=["q_proj"], lora_dropout=0.1)
+    layer = dropping.get_base_model().model.layers[0].self_attn.q_proj
+    dropping.eval()  # as the engine generates: the dropout is not at work
+    assert as_linear(layer) is not None
+    dropping.train()
+    assert as_linear(layer) is None

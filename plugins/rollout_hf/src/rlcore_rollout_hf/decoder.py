@@ -5,11 +5,12 @@ token's cache entry and attend with one query per sequence, each sequence at its
 with fixed tensor shapes so that the step can be captured in a CUDA graph. transformers' static
 cache rewrites the whole cache tensor every step (measured on an H200: about 64% of a decode
 step's GPU time) and its mask logic runs on the host. So this module re-runs the decoder layer
-recipe -- pre-norm attention and MLP with residuals -- by calling the model's OWN submodules
-(projections, norms, MLP, rotary embedding and its ``apply_rotary_pos_emb``): peft adapters,
-rotary scaling variants and the actor's current parameters all apply as they are, and nothing is
-copied. Only the attention over the cache is written here (``decode_attention.py``: on CUDA a
-Triton kernel that reads each row's live keys only).
+recipe -- pre-norm attention and MLP with residuals -- over the model's OWN submodules and
+tensors (norms, rotary embedding and its ``apply_rotary_pos_emb``, and the projections' weights and
+LoRA factors, run as direct products by ``projections.py``; a projection or MLP of another kind is
+called as a module): peft adapters, rotary scaling variants and the actor's current parameters all
+apply as they are. The attention over the cache is written here (``decode_attention.py``: on CUDA
+a Triton kernel that reads each row's live keys only).
 
 Architectures whose layers follow that recipe are listed in :data:`SUPPORTED_MODEL_TYPES`;
 :func:`unsupported_reason` says why any other model must use the plain path.
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from rlcore_rollout_hf.decode_attention import decode_attention, usable
+from rlcore_rollout_hf.projections import LayerPlan, Linear, QKVCopies, apply, as_linear, mlp_linears, run_mlp
 
 # Norm classes that are exactly ``weight * rms_normalise(x)``: run as one fused F.rms_norm call
 # instead of the module's seven element-wise kernels.
@@ -95,66 +97,8 @@ class SlotCache:
             tensor[target, :, :length] = tensor[source, :, :length]
 
 
-class FusedQKV:
-    """The q, k and v projections of every layer as one matrix product each.
-
-    Why: at batch 256 cuBLAS takes as long for the 512-row k or v projection of a 7B model as for
-    most of the 3584-row q projection (11-12 us each on an H200, against 21 us for the three in
-    one product): about 0.6 ms of a 9 ms decode step. The fused weights are a copy, so they are
-    refreshed from the model's own projections before each generation (an in-place copy: captured
-    graphs stay valid). Only plain ``nn.Linear`` projections are fused; a layer whose projections
-    carry LoRA adapters (or any other wrapper) keeps calling them, so the adapters still apply.
-    """
-
-    def __init__(self, layers: list):
-        self.layers = layers
-        self.weights: list[tuple[torch.Tensor, torch.Tensor | None] | None] | None = None
-
-    @staticmethod
-    def fusable(attn: Any) -> bool:
-        projections = [attn.q_proj, attn.k_proj, attn.v_proj]
-        if not all(type(p) is torch.nn.Linear for p in projections):
-            return False
-        return (
-            len({p.bias is None for p in projections}) == 1
-            and len({(p.weight.dtype, p.weight.device) for p in projections}) == 1
-        )
-
-    def refresh(self) -> None:
-        """Copy the projections' current weights in (allocating the copies on first use, and anew
-        when a layer's projections changed kind: LoRA layers injected into an engine's copy)."""
-        with torch.inference_mode():
-            plan = [self.fusable(layer.self_attn) for layer in self.layers]
-            if self.weights is not None and plan != [f is not None for f in self.weights]:
-                self.weights = None
-            if self.weights is None:
-                self.weights = []
-                for layer in self.layers:
-                    attn = layer.self_attn
-                    if not self.fusable(attn):
-                        self.weights.append(None)
-                        continue
-                    parts = (attn.q_proj, attn.k_proj, attn.v_proj)
-                    weight = torch.cat([p.weight for p in parts])
-                    bias = torch.cat([p.bias for p in parts]) if parts[0].bias is not None else None
-                    self.weights.append((weight, bias))
-                return
-            for layer, fused in zip(self.layers, self.weights):
-                if fused is None:
-                    continue
-                attn = layer.self_attn
-                torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], out=fused[0])
-                if fused[1] is not None:
-                    torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias], out=fused[1])
-
-    def release(self) -> None:
-        self.weights = None
-
-    def get(self, index: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        return self.weights[index] if self.weights is not None else None
-
-    def pointers(self) -> tuple[int, ...]:
-        return tuple(f[0].data_ptr() for f in self.weights or () if f is not None)
+# Before the first refresh: every projection is called as a module.
+_MODULE_CALLS = LayerPlan(None, None, None, None, None, None)
 
 
 class SlotDecoder:
@@ -189,28 +133,46 @@ class SlotDecoder:
             if attention == "triton" or (attention == "auto" and usable(device, self.head_dim))
             else "sdpa"
         )
-        # Default: fused on CUDA, where the product's shape matters (see FusedQKV).
-        self.fused = (
-            FusedQKV(self.layers) if (device.type == "cuda" if fuse_qkv is None else fuse_qkv) else None
-        )
+        # Default: q/k/v fused on CUDA, where the product's shape matters (see QKVCopies).
+        self.fused = QKVCopies() if (device.type == "cuda" if fuse_qkv is None else fuse_qkv) else None
+        # False: every projection and MLP is called as a module (what peft's own layers cost; for
+        # benchmarks to compare against).
+        self.direct = True
+        self.plans: list[LayerPlan] | None = None
 
     def refresh(self) -> None:
-        """Bring weight copies (the fused projections) up to date with the model: before generating."""
-        if self.fused is not None:
-            self.fused.refresh()
+        """Read each layer's projections anew and bring the fused copies up to date with the model:
+        before generating (adapters may have been injected, merged or disabled since)."""
+        if not self.direct:
+            self.plans = None
+            return
+        separate = [
+            [
+                as_linear(layer.self_attn.q_proj),
+                as_linear(layer.self_attn.k_proj),
+                as_linear(layer.self_attn.v_proj),
+            ]
+            for layer in self.layers
+        ]
+        fused = self.fused.refresh(separate) if self.fused is not None else [None] * len(self.layers)
+        self.plans = [
+            LayerPlan(qkv, *qkv_parts, as_linear(layer.self_attn.o_proj), mlp_linears(layer.mlp))
+            for layer, qkv_parts, qkv in zip(self.layers, separate, fused)
+        ]
 
     def release(self) -> None:
+        self.plans = None
         if self.fused is not None:
             self.fused.release()
 
-    def _fused(self, index: int):
-        return self.fused.get(index) if self.fused is not None else None
+    def _plan(self, index: int) -> LayerPlan:
+        return self.plans[index] if self.plans is not None else _MODULE_CALLS
 
     def parameters_signature(self) -> tuple[int, ...]:
         """Storage addresses of every parameter (and of the fused copies): a captured graph is valid
         while these stay put (an optimizer updates in place; an FSDP gather allocates anew)."""
         return tuple(p.data_ptr() for p in self.lm.parameters()) + (
-            self.fused.pointers() if self.fused else ()
+            self.fused.pointers() if self.fused is not None else ()
         )
 
     def new_cache(self, rows: int, capacity: int) -> SlotCache:
@@ -225,18 +187,23 @@ class SlotDecoder:
             return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
         return module(x)
 
+    @staticmethod
+    def _project(linear: Linear | None, module: Any, x: torch.Tensor) -> torch.Tensor:
+        return apply(linear, x) if linear is not None else module(x)
+
     def _qkv(
-        self, attn: Any, x: torch.Tensor, cos, sin, fused=None
+        self, attn: Any, x: torch.Tensor, cos, sin, plan: LayerPlan
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """[B, T, hidden] -> q [B, heads, T, D], k and v [B, kv_heads, T, D], rotary applied;
-        ``fused``: (weight, bias) of the three projections as one (:class:`FusedQKV`)."""
+        """[B, T, hidden] -> q [B, heads, T, D], k and v [B, kv_heads, T, D], rotary applied."""
         batch, length = x.shape[:2]
-        if fused is not None:
-            q, k, v = F.linear(x, *fused).split(
+        if plan.qkv is not None:
+            q, k, v = apply(plan.qkv, x).split(
                 [self.heads * self.head_dim, *[self.kv_heads * self.head_dim] * 2], dim=-1
             )
         else:
-            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+            q = self._project(plan.q, attn.q_proj, x)
+            k = self._project(plan.k, attn.k_proj, x)
+            v = self._project(plan.v, attn.v_proj, x)
         q = q.view(batch, length, self.heads, self.head_dim)
         k = k.view(batch, length, self.kv_heads, self.head_dim)
         v = v.view(batch, length, self.kv_heads, self.head_dim)
@@ -263,14 +230,17 @@ class SlotDecoder:
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
             residual = hidden
-            q, k, v = self._qkv(attn, self._norm(layer.input_layernorm, hidden), cos, sin, self._fused(index))
+            plan = self._plan(index)
+            q, k, v = self._qkv(attn, self._norm(layer.input_layernorm, hidden), cos, sin, plan)
             cache.keys[index][rows, :, :width] = k
             cache.values[index][rows, :, :width] = v
             out = F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, scale=self.scaling, enable_gqa=self.groups > 1
             )
-            hidden = residual + attn.o_proj(out.transpose(1, 2).reshape(count, width, -1))
-            hidden = hidden + layer.mlp(self._norm(layer.post_attention_layernorm, hidden))
+            hidden = residual + self._project(
+                plan.o, attn.o_proj, out.transpose(1, 2).reshape(count, width, -1)
+            )
+            hidden = hidden + self._mlp(layer, plan, self._norm(layer.post_attention_layernorm, hidden))
         last = hidden[torch.arange(count, device=hidden.device), lengths - 1]
         return self._logits(last)
 
@@ -293,16 +263,16 @@ class SlotDecoder:
                 cache.values[index],
                 rows,
                 positions,
-                self._fused(index),
+                self._plan(index),
             )
         return self._logits(hidden[:, 0])
 
-    def _layer_step(self, layer, hidden, cos, sin, keys, values, rows, positions, fused=None) -> torch.Tensor:
+    def _layer_step(self, layer, hidden, cos, sin, keys, values, rows, positions, plan) -> torch.Tensor:
         """One decoder layer for one new token per row; writes that token's key and value."""
         batch = hidden.shape[0]
         attn = layer.self_attn
         residual = hidden
-        q, k, v = self._qkv(attn, self._norm(layer.input_layernorm, hidden), cos, sin, fused)
+        q, k, v = self._qkv(attn, self._norm(layer.input_layernorm, hidden), cos, sin, plan)
         keys[rows, :, positions] = k[:, :, 0]
         values[rows, :, positions] = v[:, :, 0]
         # The query heads of one kv head (head h uses kv head h // groups) go in as that kv
@@ -310,8 +280,13 @@ class SlotDecoder:
         # to its own position; those after it are stale or empty.
         q = q.reshape(batch, self.kv_heads, self.groups, self.head_dim)
         out = decode_attention(q, keys, values, positions, self.scaling, self.attention)
-        hidden = residual + attn.o_proj(out.reshape(batch, 1, -1))
-        return hidden + layer.mlp(self._norm(layer.post_attention_layernorm, hidden))
+        hidden = residual + self._project(plan.o, attn.o_proj, out.reshape(batch, 1, -1))
+        return hidden + self._mlp(layer, plan, self._norm(layer.post_attention_layernorm, hidden))
+
+    @staticmethod
+    def _mlp(layer: Any, plan: LayerPlan, x: torch.Tensor) -> torch.Tensor:
+        # The activation comes from the layer, not the plan: compiled, every layer then shares one graph.
+        return run_mlp(plan.mlp, layer.mlp.act_fn, x) if plan.mlp is not None else layer.mlp(x)
 
     def compile_layers(self, enabled: bool) -> None:
         """torch.compile the per-layer decode step: it fuses the norms, rotary embedding and
