@@ -133,3 +133,30 @@ def write_adapter(named_tensors: NamedTensors, lora: Any, directory: str | Path)
     save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
     (out / "adapter_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
     return out
+
+
+class AdapterFolder:
+    """A private temporary folder for the adapters an in-process engine loads from disk, one PEFT
+    directory per sync. Why: every sync writes a new adapter, and a long LoRA run would otherwise
+    leave one copy per step behind. The folder is made at the first adapter (a run without LoRA, or
+    an engine never closed, leaves none); :meth:`discard` removes an adapter the engine has dropped;
+    :meth:`close` removes the folder."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.root: Path | None = None
+
+    def write(self, named_tensors: NamedTensors, lora: Any, name: str) -> Path:
+        if self.root is None:
+            import tempfile
+
+            self.root = Path(tempfile.mkdtemp(prefix=self.prefix))
+        return write_adapter(named_tensors, lora, self.root / name)
+
+    def discard(self, name: str) -> None:
+        if self.root is not None:
+            shutil.rmtree(self.root / name, ignore_errors=True)
+
+    def close(self) -> None:
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)

@@ -358,7 +358,7 @@ def test_colocated_lora_load_then_switch():
     ]
     engine.generate([[1], [2]], SamplingParams(max_new_tokens=1))
     assert fake.calls[-1][1]["lora_path"] == ["rlcore-lora-v2", "rlcore-lora-v2"]
-    root = engine._lora_root  # the unloaded adapter's files go; the loaded one's stay until close
+    root = engine._adapters.root  # the unloaded adapter's files go; the loaded one's stay until close
     assert [p.name for p in root.iterdir()] == ["rlcore-lora-v2"]
     with pytest.raises(UsageError, match="above rollout.lora_rank"):
         engine.update_weights(adapter, lora={"rank": 16, "alpha": 8})
@@ -367,7 +367,7 @@ def test_colocated_lora_load_then_switch():
     plain, _ = _colocated()
     with pytest.raises(UsageError, match="lora_rank"):
         plain.update_weights(adapter, lora={"rank": 4, "alpha": 8})
-    assert plain._lora_root is None  # no adapter, no folder
+    assert plain._adapters.root is None  # no adapter, no folder
 
 
 def test_colocated_reports_rejected_engine_args_and_missing_sglang():

@@ -505,7 +505,7 @@ def colocated(res: Results, refs: Refs) -> None:
             res, f"colocated_{name}_teacher_forced_logprobs", engine, refs, name, engine._lora_request
         )
         prev = got
-    kept = sorted(os.listdir(engine._lora_root))  # lora1's files went when lora2 replaced it
+    kept = sorted(os.listdir(engine._adapters.root))  # lora1's files went when lora2 replaced it
     res.check("colocated_replaced_adapter_files_removed", kept == ["v2"], kept=kept)
     compare_read_back(res, "colocated_base_unchanged_with_lora", engine, refs.state["A"], None)
     try:

@@ -12,16 +12,13 @@ trainer runs, load new weights from tensors.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
 from rlcore.engine_kit.samples import apply_stop_strings, replicate
-from rlcore.engine_kit.weights import adapter_config, adapter_name, buckets, write_adapter
+from rlcore.engine_kit.weights import AdapterFolder, adapter_config, adapter_name, buckets
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore_rollout_sglang import SGLANG_VERSION
@@ -74,7 +71,7 @@ class SGLangColocatedEngine:
         self.weight_version = 0
         self.lora_name: str | None = None
         self._lora_version = 0
-        self._lora_root: Path | None = None  # made at the first adapter: most runs have none
+        self._adapters = AdapterFolder("rlcore-sglang-lora-")
 
     # ------------------------------------------------------------------ generation
 
@@ -169,9 +166,7 @@ class SGLangColocatedEngine:
             )
         self._lora_version += 1
         name = f"{adapter_name(lora)}-lora-v{self._lora_version}"
-        if self._lora_root is None:
-            self._lora_root = Path(tempfile.mkdtemp(prefix="rlcore-sglang-lora-"))
-        path = write_adapter(named_tensors, lora, self._lora_root / name)
+        path = self._adapters.write(named_tensors, lora, name)
         check(
             self.engine.load_lora_adapter(lora_name=name, lora_path=str(path)), f"SGLang LoRA load of {name}"
         )
@@ -181,12 +176,11 @@ class SGLangColocatedEngine:
                 check(self.engine.unload_lora_adapter(lora_name=old), f"SGLang LoRA unload of {old}")
             except RlcoreError as exc:
                 logger.warning("{}", exc)
-            # The replaced adapter's files: one copy a sync would otherwise pile up on disk.
-            shutil.rmtree(self._lora_root / old, ignore_errors=True)
+            self._adapters.discard(old)
 
     def close(self) -> None:
-        if getattr(self, "_lora_root", None) is not None:
-            shutil.rmtree(self._lora_root, ignore_errors=True)
+        if getattr(self, "_adapters", None) is not None:
+            self._adapters.close()
         engine = getattr(self, "engine", None)
         if engine is not None and hasattr(engine, "shutdown"):
             engine.shutdown()

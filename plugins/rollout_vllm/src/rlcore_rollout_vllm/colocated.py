@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -20,7 +18,7 @@ from loguru import logger
 
 from rlcore.engine_kit.options import unknown_name_message
 from rlcore.engine_kit.samples import replicate
-from rlcore.engine_kit.weights import buckets, write_adapter
+from rlcore.engine_kit.weights import AdapterFolder, buckets
 from rlcore.errors import RlcoreError, UsageError
 from rlcore.interfaces import BuildContext, Completion, SamplingParams
 from rlcore_rollout_vllm import compat
@@ -107,7 +105,7 @@ class VLLMColocatedEngine:
         self._weights_asleep = False
         self._lora_request = None
         self._lora_version = 0
-        self._lora_root: str | None = None  # made at the first adapter: most runs have none
+        self._adapters = AdapterFolder("rlcore-vllm-lora-")
         self.weight_version = 0
 
     # ------------------------------------------------------------------ generation
@@ -192,9 +190,7 @@ class VLLMColocatedEngine:
         from vllm.lora.request import LoRARequest
 
         self._lora_version += 1
-        if self._lora_root is None:
-            self._lora_root = tempfile.mkdtemp(prefix="rlcore-vllm-lora-")
-        path = write_adapter(named_tensors, spec, os.path.join(self._lora_root, f"v{self._lora_version}"))
+        path = self._adapters.write(named_tensors, spec, f"v{self._lora_version}")
         old = self._lora_request
         self._lora_request = LoRARequest(f"{spec.name}-{self._lora_version}", self._lora_version, str(path))
         try:
@@ -206,13 +202,12 @@ class VLLMColocatedEngine:
             ) from exc
         if old is not None:
             self.llm.llm_engine.remove_lora(old.lora_int_id)
-            # The replaced adapter's files: one copy a sync would otherwise pile up on disk.
-            shutil.rmtree(os.path.join(self._lora_root, f"v{old.lora_int_id}"), ignore_errors=True)
+            self._adapters.discard(f"v{old.lora_int_id}")
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
-        if getattr(self, "_lora_root", None):
-            shutil.rmtree(self._lora_root, ignore_errors=True)
+        if getattr(self, "_adapters", None) is not None:
+            self._adapters.close()
         llm = getattr(self, "llm", None)
         if llm is not None:
             del self.llm
