@@ -14,32 +14,22 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def test_rollout_benchmark_runs_every_workload(tmp_path):
-    out = tmp_path / "rollout.json"
-    subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/rollout_gpu.py",
-            "--shape",
-            "tiny",
-            "--device",
-            "cpu",
-            "--prompts",
-            "8",
-            "--max-new",
-            "8",
-            "--no-vllm",
-            "--variants",
-            "eager,plain",
-            "--json",
-            str(out),
-        ],
+def run_rollout_benchmark(*args: str) -> subprocess.CompletedProcess:
+    """benchmarks/rollout_gpu.py at the tiny shape on CPU: 8 prompts, 8 new tokens, no vLLM."""
+    tiny = ["--shape", "tiny", "--device", "cpu", "--prompts", "8", "--max-new", "8", "--no-vllm"]
+    return subprocess.run(
+        [sys.executable, "benchmarks/rollout_gpu.py", *tiny, *args],
         cwd=ROOT,
         check=True,
         capture_output=True,
         text=True,
         timeout=600,
     )
+
+
+def test_rollout_benchmark_runs_every_workload(tmp_path):
+    out = tmp_path / "rollout.json"
+    run_rollout_benchmark("--variants", "eager,plain", "--json", str(out))
     results = json.loads(out.read_text())
     for engine in ("rlcore-eager", "rlcore-plain"):
         assert set(results[engine]) == {"fixed", "fixed-n4", "varied"}
@@ -49,35 +39,17 @@ def test_rollout_benchmark_runs_every_workload(tmp_path):
 
 def test_rollout_benchmark_with_lora_adapters_times_the_three_lora_variants(tmp_path):
     out = tmp_path / "rollout.json"
-    args = [
-        "--shape",
-        "tiny",
-        "--device",
-        "cpu",
-        "--prompts",
-        "8",
-        "--max-new",
-        "8",
-        "--no-vllm",
+    variants = "compiled,lora-modules,lora-off"
+    done = run_rollout_benchmark(
         "--no-transformers",
-    ]
-    args += [
         "--lora",
         "4",
         "--variants",
-        "compiled,lora-modules,lora-off",
+        variants,
         "--workloads",
         "fixed-n4",
         "--json",
         str(out),
-    ]
-    done = subprocess.run(
-        [sys.executable, "benchmarks/rollout_gpu.py", *args],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=600,
     )
     results = json.loads(out.read_text())
     for engine in ("rlcore-compiled", "rlcore-lora-modules", "rlcore-lora-off"):
