@@ -94,24 +94,35 @@ def test_ppo_with_critic_and_kl_runs(tmp_path, tiny_model):
 
 @pytest.mark.slow
 def test_lora_with_kl_in_reward_and_export(tmp_path, tiny_model):
+    # A reward that varies between samples (the untrained model never answers an addition), so
+    # that step 1's update moves the adapters away from zero.
+    (tmp_path / "reward.py").write_text(
+        "def score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return len(set(solution_str)) / 10\n"
+    )
     manifest = write_run_manifest(
         tmp_path,
         tiny_model,
         model={"lora": {"rank": 4, "alpha": 8}, "gradient_checkpointing": True},
+        rollout={"fast_path": "on"},  # the decode path GPUs take ("auto" is off on CPU)
+        reward={"function": f"python:{tmp_path / 'reward.py'}:score", "method": None},
         algorithm={
             "advantage": "rloo",
             "kl_coef": 0.05,
             "kl_in_reward": True,
             "rollout_correction": "token_truncate",
         },
-        trainer={"steps": 1, "export_final": True},
+        trainer={"steps": 2, "export_final": True},
     )
     run_dir = tmp_path / "run"
     assert _run(manifest, run_dir) == 0
     rows = train_rows(run_dir)
     _assert_finite(rows)
     assert "actor/reward_kl_penalty" in rows[0]
-    assert (run_dir / "checkpoints" / "step_000001" / "model" / "adapter_config.json").exists()
+    # Step 2 generates with the adapters step 1 trained, run unmerged as direct products by the
+    # engine (which shares the actor): its log-probs are the trainer's, up to float32 rounding.
+    assert rows[1]["rollout_corr/logprob_diff/max"] < 1e-4
+    assert (run_dir / "checkpoints" / "step_000002" / "model" / "adapter_config.json").exists()
     from transformers import AutoModelForCausalLM
 
     exported = AutoModelForCausalLM.from_pretrained(run_dir / "export")
