@@ -121,12 +121,14 @@ def test_no_more_than_concurrency_requests_at_once(judge_server):
 
 
 def test_the_batch_ends_before_the_rewards_time_limit(judge_server):
-    """A slow judge costs its unfinished items (counted), not the batch: [reward] batch_timeout_s = 2."""
+    """A slow judge costs its unfinished items (counted), not the batch: [reward] batch_timeout_s = 4."""
     server = judge_server(lambda body, n: (200, "9", 0.1 if n <= 2 else 10.0))
-    context = BuildContext(manifest={"reward": {"function": "judge", "batch_timeout_s": 2.0}})
+    context = BuildContext(manifest={"reward": {"function": "judge", "batch_timeout_s": 4.0}})
     started = time.monotonic()
     results = judge(server.url, context, concurrency=2).score_batch([item(group=g) for g in range(4)])
-    assert time.monotonic() - started < 2.0  # it stops at 90% of the limit
+    # It stops at 90% of the limit (3.6 s); the rest is slack for a loaded machine (2.018 s
+    # against a 2 s limit was seen with two test workers on two cores).
+    assert time.monotonic() - started < 4.0
     assert sorted(scores(results)) == [0.0, 0.0, 0.9, 0.9]
     assert sum(r.metrics["judge_failed"] for r in results) == 2
 
