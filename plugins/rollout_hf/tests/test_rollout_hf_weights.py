@@ -206,5 +206,25 @@ def test_update_weights_with_lora_loads_the_adapter_alone(tiny, tokenizer, chat_
         if "lora_" not in k
     }
     assert all(torch.equal(kept[k], v) for k, v in base.items())  # the base weights were not touched
+    if fast_path == "on":  # the adapters ran as direct products, not through peft's modules
+        assert all(plan.q.a is not None and plan.v.a is not None for plan in engine.fast.decoder.plans)
     with pytest.raises(UsageError, match="only LoRA adapter tensors"):
         engine.update_weights([("model.norm.weight", torch.ones(4))], lora=adapter_spec(trained))
+
+
+def test_a_bfloat16_engine_loads_bfloat16_adapters(tiny, tokenizer, chat_prompts, tmp_path):
+    """peft would make the injected adapters float32 over a bfloat16 base; kept in bfloat16 they are
+    what the trainer computes with, and the fast path runs them as direct products."""
+    from rlcore.trainer.lora import adapter_spec, adapter_state
+
+    tiny.to(torch.bfloat16).save_pretrained(tmp_path / "model")
+    engine = build(
+        HFEngineOptions(fast_path="on", dtype="bfloat16"),
+        BuildContext(model_path=str(tmp_path / "model"), tokenizer=tokenizer),
+    )
+    trained = lora(tiny, seed=3).to(torch.bfloat16)
+    engine.update_weights(list(adapter_state(trained)), lora=adapter_spec(trained))
+    adapters = [p for n, p in engine.model.named_parameters() if "lora_" in n]
+    assert adapters and all(p.dtype == torch.bfloat16 for p in adapters)
+    greedy_tokens(engine, chat_prompts)
+    assert all(plan.q.a is not None for plan in engine.fast.decoder.plans)

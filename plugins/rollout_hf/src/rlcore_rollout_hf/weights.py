@@ -114,7 +114,12 @@ def load_adapter(model: Any, named_tensors: Iterable[tuple[str, Any]] | Mapping[
             for k, v in config.items()
             if k in known and k not in ("peft_type", "base_model_name_or_path", "revision")
         }
-        model = peft.get_peft_model(model, peft.LoraConfig(**{**settings, "inference_mode": True}))
+        # The adapters in the base weights' dtype (peft would make them float32 under a bfloat16
+        # base): the trainer computes them in that dtype too, and the fast path then runs them as
+        # direct products (projections.py).
+        model = peft.get_peft_model(
+            model, peft.LoraConfig(**{**settings, "inference_mode": True}), autocast_adapter_dtype=False
+        )
         model.eval()
     result = peft.set_peft_model_state_dict(model, tensors)
     unexpected = list(getattr(result, "unexpected_keys", None) or [])
