@@ -107,6 +107,33 @@ def test_cuda_graph_fast_path_equals_the_plain_path_under_refills_and_caps():
     assert [len(c.token_ids) for group in first for c in group] == [cap for cap in caps for _ in range(4)]
 
 
+def test_lora_adapters_on_the_graphed_fast_path_equal_peft_and_follow_disabling():
+    """Adapters as direct products (q/k/v fused with theirs) inside CUDA graphs: the same greedy
+    tokens as peft's own forward (float32, so that no bf16 near-tie decides); disabling them (same
+    tensors, other products) re-captures."""
+    peft = pytest.importorskip("peft")
+    actor = peft.get_peft_model(
+        tiny_llama(),
+        peft.LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", init_lora_weights=False),
+    )
+    actor = actor.to("cuda").eval()
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12] * 20]
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=16)
+    engine = build(HFEngineOptions(max_batch_size=8), BuildContext(actor=actor, device="cuda"))
+    plain = build(HFEngineOptions(fast_path="off"), BuildContext(actor=actor, device="cuda"))
+
+    def tokens(e):
+        return [c.token_ids for group in e.generate(prompts, params) for c in group]
+
+    adapted = tokens(engine)
+    assert engine.fast.workspace.graphs and all(p.qkv.a is not None for p in engine.fast.decoder.plans)
+    assert adapted == tokens(plain)
+    with actor.disable_adapter():
+        base = tokens(engine)
+        assert base == tokens(plain) != adapted
+    assert tokens(engine) == adapted
+
+
 @pytest.mark.parametrize(
     "batch,kv_heads,groups,head_dim,capacity",
     [

@@ -26,7 +26,16 @@ import torch
 import torch.nn.functional as F
 
 from rlcore_rollout_hf.decode_attention import decode_attention, usable
-from rlcore_rollout_hf.projections import LayerPlan, Linear, QKVCopies, apply, as_linear, mlp_linears, run_mlp
+from rlcore_rollout_hf.projections import (
+    LayerPlan,
+    Linear,
+    QKVCopies,
+    apply,
+    as_linear,
+    mlp_linears,
+    run_mlp,
+    structure,
+)
 
 # Norm classes that are exactly ``weight * rms_normalise(x)``: run as one fused F.rms_norm call
 # instead of the module's seven element-wise kernels.
@@ -168,11 +177,14 @@ class SlotDecoder:
     def _plan(self, index: int) -> LayerPlan:
         return self.plans[index] if self.plans is not None else _MODULE_CALLS
 
-    def parameters_signature(self) -> tuple[int, ...]:
-        """Storage addresses of every parameter (and of the fused copies): a captured graph is valid
-        while these stay put (an optimizer updates in place; an FSDP gather allocates anew)."""
-        return tuple(p.data_ptr() for p in self.lm.parameters()) + (
-            self.fused.pointers() if self.fused is not None else ()
+    def parameters_signature(self) -> tuple:
+        """Storage addresses of every parameter (and of the fused copies), and which products each
+        layer runs: a captured graph is valid while these stay put (an optimizer updates in place;
+        an FSDP gather allocates anew; disabling adapters changes the products, not the tensors)."""
+        return (
+            tuple(p.data_ptr() for p in self.lm.parameters())
+            + (self.fused.pointers() if self.fused is not None else ())
+            + tuple(map(structure, self.plans or ()))
         )
 
     def new_cache(self, rows: int, capacity: int) -> SlotCache:

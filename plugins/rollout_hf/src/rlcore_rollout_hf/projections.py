@@ -106,6 +106,12 @@ class LayerPlan(NamedTuple):
     mlp: tuple[Linear, Linear, Linear] | None
 
 
+def structure(plan: LayerPlan) -> tuple:
+    """Which products ``plan`` runs (not on which tensors): module calls, adapters, their scales."""
+    linears = (plan.qkv, plan.q, plan.k, plan.v, plan.o, *(plan.mlp or (None, None, None)))
+    return tuple(None if p is None else (p.a is not None, p.scale) for p in linears)
+
+
 def mlp_linears(mlp: Any) -> tuple[Linear, Linear, Linear] | None:
     """The gate, up and down projections of a gated MLP (its ``act_fn`` applied between)."""
     if type(mlp).__name__ not in _GATED_MLPS or not hasattr(mlp, "act_fn"):
