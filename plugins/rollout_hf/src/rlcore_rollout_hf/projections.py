@@ -3,10 +3,11 @@
 Why not call the modules: through peft, a LoRA projection is five kernels (the base product, the
 two small adapter products, a scale and an add), and the q, k and v projections cannot be fused
 into one product. In a decode step at batch 256 those are a few microseconds each, and a 7B
-model with adapters on every linear layer has about 600 of them per step. Here a projection is
-``x @ W.T + b`` plus, when it carries an adapter, ``scale * (x @ A.T) @ B.T`` added by the
-second small product itself (``addmm``), and the q/k/v projections with their adapters are three
-products in all (:class:`QKVCopies`).
+model with adapters on every linear layer runs 980 of them a step, uncompiled (28 layers x 7
+projections x 5). Here a projection is ``x @ W.T + b`` plus, when it carries an adapter,
+``scale * (x @ A.T) @ B.T`` added by the second small product itself (``addmm``), and the q/k/v
+projections with their adapters are three products in all (:class:`QKVCopies`): 15 kernels a
+layer, 420 a step (140 without adapters).
 
 Why unmerged, not ``W + scale * B @ A`` folded into a copy of ``W``: the base weights are bfloat16,
 and an RL step moves the product ``B @ A`` by far less than half a bfloat16 ulp of a weight, so a
