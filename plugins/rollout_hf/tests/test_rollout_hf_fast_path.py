@@ -125,14 +125,19 @@ def test_sampling_is_reproducible_and_log_probs_match_a_teacher_forced_forward()
             assert torch.allclose(torch.tensor(c.logprobs), want, atol=1e-4)
 
 
-def test_lora_adapters_apply_on_the_fast_path():
+def lora_model(kind: str, seed: int = 0, **config):
+    """A peft LoRA model whose adapters change the output (B initialised non-zero)."""
     peft = pytest.importorskip("peft")
-    model = peft.get_peft_model(
-        build("llama"), peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
-    )
+    model = peft.get_peft_model(build(kind), peft.LoraConfig(r=4, lora_alpha=8, **config))
+    torch.manual_seed(seed)
     for name, tensor in model.named_parameters():
         if "lora_B" in name:
-            torch.nn.init.normal_(tensor, std=0.5)  # adapters that change the output
+            torch.nn.init.normal_(tensor, std=0.5)
+    return model
+
+
+def test_lora_adapters_apply_on_the_fast_path():
+    model = lora_model("llama", target_modules="all-linear")  # the CPU default: q, k and v apart
     items = prompts(4, seed=3)
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=16)
     fast = run(model, items, params, fast_path="on")
@@ -233,17 +238,6 @@ def test_fused_qkv_projections_follow_in_place_updates(kind):
         for tensor in model.parameters():
             tensor.add_(torch.randn_like(tensor) * 0.2)
     assert flat(engine.generate(items, params)) == flat(run(model, items, params, fast_path="off")) != plain
-
-
-def lora_model(kind: str, seed: int = 0, **config):
-    """A peft LoRA model whose adapters change the output (B initialised non-zero)."""
-    peft = pytest.importorskip("peft")
-    model = peft.get_peft_model(build(kind), peft.LoraConfig(r=4, lora_alpha=8, **config))
-    torch.manual_seed(seed)
-    for name, tensor in model.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(tensor, std=0.5)
-    return model
 
 
 def fast_engine_fused(model) -> HFRolloutEngine:
