@@ -266,6 +266,9 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    lora_variants = {"lora-modules", "lora-off"} & set(args.variants.split(","))
+    if lora_variants and not args.lora:
+        parser.error(f"--variants {','.join(sorted(lora_variants))} needs --lora RANK")
 
     model = build_model(args.shape, args.device)
     if args.lora:
