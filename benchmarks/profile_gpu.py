@@ -1,7 +1,8 @@
 """Where the GPU time goes, by kernel category (CUDA only; a development tool, no ratios to meet).
 
-    python benchmarks/profile_gpu.py [decode|train|gemm|both] [--shape 0.5b|1.5b|3b|7b] [--batches 64,256]
-                                     [--capacities 384,1536] [--attention triton,sdpa] [noeager]
+    python benchmarks/profile_gpu.py [decode|call|train|gemm|both] [--shape 0.5b|1.5b|3b|7b] [--batches 64,256]
+                                     [--capacities 384,1536] [--attention triton,sdpa] [--workloads fixed,varied]
+                                     [noeager]
 
 decode: one step of the hf engine's fast path (compiled layers and compiled sampling) at the first
         batch and capacity, every row at position capacity - 128, profiled eagerly by kernel
@@ -11,6 +12,11 @@ decode: one step of the hf engine's fast path (compiled layers and compiled samp
 gemm:   each matrix product of one decoder layer and the lm_head at those batch sizes through
         cuBLAS (torch.nn.functional.linear), alone and fused (q/k/v as one, gate/up as one):
         microseconds, TFLOP/s and the weights' read rate.
+call:   where one ``generate`` call of the hf engine goes (CUDA defaults, ``--workloads`` of
+        rollout_gpu.py, 256 prompts, after a warm-up call): CUDA events recorded at each phase
+        boundary split the GPU's timeline into prefill (with the first token), decode steps by
+        batch bucket (ms a step), and the host's looks (reading which rows finished, collecting,
+        compacting); the sum is the call's wall time. Then one prefill pass by kernel category.
 train:  the actor update at the Qwen2.5-0.5B shape (256 sequences x 384 tokens, packed), eager
         (unless ``noeager``) and with ``[model] compile``'s compiled layers and head, at 32K-,
         48K- and 96K-token micro-batches: ms per update, tokens/s, MFU by 6N against 790 TFLOP/s,
@@ -65,12 +71,15 @@ def summary(prof, label, per=1, n=22):
 
 
 parser = argparse.ArgumentParser()
-parser.add_argument("part", nargs="?", default="both", choices=["both", "decode", "train", "gemm"])
+parser.add_argument("part", nargs="?", default="both", choices=["both", "decode", "call", "train", "gemm"])
 parser.add_argument("noeager", nargs="?", default=None)
 parser.add_argument("--shape", default="0.5b")
 parser.add_argument("--batches", default="256")
 parser.add_argument("--capacities", default="384")
 parser.add_argument("--attention", default="triton,sdpa")
+parser.add_argument("--workloads", default="fixed,varied", help="call: comma list of fixed, fixed-n4, varied")
+parser.add_argument("--prompts", type=int, default=256, help="call: prompts of each workload")
+parser.add_argument("--max-new", type=int, default=256, help="call: most new tokens")
 args = parser.parse_args()
 part = args.part
 if args.noeager:
@@ -183,6 +192,121 @@ if part in ("both", "decode"):
         )
     del m
     torch.cuda.empty_cache()
+
+
+class PhaseClock:
+    """Marks at the phase boundaries of one generate call: consecutive marks split the GPU's
+    timeline (CUDA events; host clocks on a CPU), each interval charged to the phase that began it
+    (idle time waiting for the host included), so the phases add up to the call."""
+
+    def __init__(self, device: str):
+        self.cuda = device == "cuda"
+        self.marks: list[tuple[str, object]] = []
+
+    def mark(self, label: str) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        else:
+            event = time.perf_counter()
+        self.marks.append((label, event))
+
+    def totals(self) -> dict[str, float]:
+        """Milliseconds by phase."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        out: dict[str, float] = {}
+        for (label, start), (_, end) in zip(self.marks, self.marks[1:]):
+            ms = start.elapsed_time(end) if self.cuda else (end - start) * 1e3
+            out[label] = out.get(label, 0.0) + ms
+        return out
+
+
+def instrument(clock: PhaseClock, steps: dict) -> None:
+    """Wrap the fast path's host-side phases so that each marks the clock (a development probe)."""
+    from rlcore_rollout_hf import fast_path
+
+    run, generator = fast_path._Run, fast_path.FastGenerator
+    admit, look, runner = run._admit, run._look, generator._runner
+
+    def timed_admit(self):
+        clock.mark("prefill + first token")
+        admit(self)
+        clock.mark("host: look")
+
+    def timed_look(self):
+        clock.mark("host: look")
+        look(self)
+
+    def timed_runner(self, ws, batch, *rest):
+        replay = runner(self, ws, batch, *rest)
+        label = f"decode, bucket {batch:3d}"
+
+        def step():
+            if clock.marks[-1][0] != label:
+                clock.mark(label)
+            steps[label] = steps.get(label, 0) + 1
+            replay()
+
+        return step
+
+    run._admit, run._look, generator._runner = timed_admit, timed_look, timed_runner
+
+
+if part == "call":
+    from rlcore_rollout_hf.engine import HFRolloutEngine
+    from rlcore_rollout_hf.options import HFEngineOptions
+    from rollout_gpu import workloads
+
+    from rlcore.interfaces import SamplingParams
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke run of this script only
+    sync = torch.cuda.synchronize if device == "cuda" else lambda: None
+    m = random_model(args.shape, device, torch.bfloat16 if device == "cuda" else torch.float32)
+    m.requires_grad_(False)
+    engine = HFRolloutEngine(
+        m,
+        options=HFEngineOptions(
+            fast_path="on", cuda_graphs=True, compile=device == "cuda", max_batch_size=args.prompts
+        ),
+    )
+    works = workloads(args.max_new, args.prompts, m.config.vocab_size)
+    clock, steps = PhaseClock(device), {}
+    instrument(clock, steps)
+    for name in args.workloads.split(","):
+        work = works[name]
+        params = SamplingParams(n=work["n"], temperature=1.0, max_new_tokens=max(work["caps"]), seed=1)
+        call = functools.partial(engine.generate, work["prompts"], params, max_new_tokens=work["caps"])
+        call()  # warm-up: compiles and captures every bucket this workload passes through
+        sync()
+        clock.marks.clear()
+        steps.clear()
+        start = time.perf_counter()
+        clock.mark("host: start (weights refreshed)")
+        call()
+        clock.mark("end")
+        sync()
+        wall = (time.perf_counter() - start) * 1e3
+        totals = clock.totals()
+        tokens = sum(work["caps"]) * work["n"]
+        print(f"\n=== {args.shape} {name}: {wall:.1f} ms wall, {tokens / wall * 1e3:,.0f} tokens/s")
+        for label in sorted(totals, key=lambda k: (not k.startswith("decode"), k)):
+            ms = totals[label]
+            per = f"  {steps[label]:4d} steps, {ms / steps[label]:.3f} ms a step" if label in steps else ""
+            print(f"  {label:24s} {ms:9.1f} ms {ms / wall:6.1%}{per}")
+        print(f"  {'(the phases together)':24s} {sum(totals.values()):9.1f} ms")
+    if (
+        device == "cuda"
+    ):  # one prefill pass by kernel category: what the eager layers cost beside the products
+        cache = engine.fast.workspace.cache
+        rows = min(args.prompts, 256)
+        ids = torch.randint(0, 1000, (rows, 128), device=device)
+        with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+            engine.fast.decoder.prefill(
+                cache, ids, torch.full((rows,), 128, device=device), torch.arange(rows, device=device)
+            )
+            sync()
+        summary(prof, f"{args.shape} prefill {rows} x 128 (eager layers)", n=12)
 
 if part in ("both", "gemm"):
     import torch.nn.functional as F
