@@ -63,7 +63,8 @@ def summary(prof, label, per=1, n=22):
     cats = {}
     for e in evs:
         cats[cat(e.key)] = cats.get(cat(e.key), 0) + e.device_time_total
-    print(f"\n=== {label}: GPU kernel time {tot / 1e3 / per:.2f} ms per iteration")
+    launches = sum(e.count for e in evs) // per
+    print(f"\n=== {label}: GPU kernel time {tot / 1e3 / per:.2f} ms per iteration, {launches} kernels")
     for k, v in sorted(cats.items(), key=lambda kv: -kv[1]):
         print(f"  {k:20s} {v / 1e3 / per:9.2f} ms  {100 * v / tot:5.1f}%")
     for e in sorted(evs, key=lambda e: -e.device_time_total)[:n]:
