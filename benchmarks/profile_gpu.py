@@ -4,8 +4,8 @@
                                      [--capacities 384,1536] [--attention triton,sdpa] [--workloads fixed,varied]
                                      [noeager]
 
-decode: one step of the hf engine's fast path (compiled layers and compiled sampling) at the first
-        batch and capacity, every row at position capacity - 128, profiled eagerly by kernel
+decode: one step of the hf engine's fast path (compiled layers and compiled sampling) at each
+        batch, the first capacity, every row at position capacity - 128, profiled eagerly by kernel
         category; then, for every attention kernel x batch x capacity, the step timed as a CUDA
         graph with and without the sampling, beside its bounds (the weights and live KV read at
         4.3 TB/s; the matrix products at 790 TFLOP/s).
@@ -16,7 +16,8 @@ call:   where one ``generate`` call of the hf engine goes (CUDA defaults, ``--wo
         rollout_gpu.py, 256 prompts, after a warm-up call): CUDA events recorded at each phase
         boundary split the GPU's timeline into prefill (with the first token), decode steps by
         batch bucket (ms a step), and the host's looks (reading which rows finished, collecting,
-        compacting); the sum is the call's wall time. Then one prefill pass by kernel category.
+        compacting); the sum is the call's wall time. Then one prefill pass by kernel category,
+        with the compiled layers (the default) and eager ones.
 train:  the actor update at the Qwen2.5-0.5B shape (256 sequences x 384 tokens, packed), eager
         (unless ``noeager``) and with ``[model] compile``'s compiled layers and head, at 32K-,
         48K- and 96K-token micro-batches: ms per update, tokens/s, MFU by 6N against 790 TFLOP/s,
@@ -145,7 +146,7 @@ if part in ("both", "decode"):
                     for _ in range(3):
                         full()
                     torch.cuda.synchronize()
-                    if kernel == args.attention.split(",")[0] and B == batches[0] and cap == capacities[0]:
+                    if kernel == args.attention.split(",")[0] and cap == capacities[0]:
                         with profile(activities=[ProfilerActivity.CUDA]) as prof:
                             for _ in range(5):
                                 full()
@@ -296,18 +297,25 @@ if part == "call":
             per = f"  {steps[label]:4d} steps, {ms / steps[label]:.3f} ms a step" if label in steps else ""
             print(f"  {label:24s} {ms:9.1f} ms {ms / wall:6.1%}{per}")
         print(f"  {'(the phases together)':24s} {sum(totals.values()):9.1f} ms")
-    if (
-        device == "cuda"
-    ):  # one prefill pass by kernel category: what the eager layers cost beside the products
-        cache = engine.fast.workspace.cache
+    if device == "cuda":  # one prefill pass, compiled (the default) and eager, side by side
+        decoder, cache = engine.fast.decoder, engine.fast.workspace.cache
         rows = min(args.prompts, 256)
         ids = torch.randint(0, 1000, (rows, 128), device=device)
-        with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
-            engine.fast.decoder.prefill(
-                cache, ids, torch.full((rows,), 128, device=device), torch.arange(rows, device=device)
-            )
-            sync()
-        summary(prof, f"{args.shape} prefill {rows} x 128 (eager layers)", n=12)
+        lengths, targets = torch.full((rows,), 128, device=device), torch.arange(rows, device=device)
+        for label, layer in (("compiled", decoder.prefill_layer), ("eager", decoder._prefill_layer)):
+            decoder.prefill_layer = layer
+            with torch.inference_mode():
+                decoder.prefill(cache, ids, lengths, targets)
+                sync()
+                start = time.perf_counter()
+                for _ in range(3):
+                    decoder.prefill(cache, ids, lengths, targets)
+                sync()
+                ms = (time.perf_counter() - start) / 3 * 1e3
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    decoder.prefill(cache, ids, lengths, targets)
+                    sync()
+            summary(prof, f"{args.shape} prefill {rows} x 128, {label} layers: {ms:.1f} ms", n=12)
 
 if part in ("both", "gemm"):
     import torch.nn.functional as F

@@ -309,3 +309,30 @@ def test_lora_layers_that_the_direct_products_cannot_reproduce_are_called_as_mod
     assert as_linear(layer) is not None
     dropping.train()
     assert as_linear(layer) is None
+
+
+def test_a_compiler_failure_in_prefill_or_decode_falls_back_to_the_uncompiled_layers():
+    from loguru import logger
+
+    model = build("qwen2")
+    items = prompts(3, seed=8)
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=6)
+    engine = HFRolloutEngine(model, options=HFEngineOptions(fast_path="on", max_batch_size=8))
+    decoder = engine.fast.decoder
+
+    def compiler_failure(*args, **kwargs):
+        raise RuntimeError("inductor: simulated failure")
+
+    # As compile_layers(True) leaves them, but the first call fails as a broken compiler would.
+    decoder.prefill_layer = decoder.layer_step = compiler_failure
+    assert engine.fast.compiled
+    warnings: list[str] = []
+    sink = logger.add(warnings.append, level="WARNING")
+    try:
+        out = engine.generate(items, params)
+    finally:
+        logger.remove(sink)
+    assert not engine.fast.compiled
+    assert len(warnings) == 1 and "simulated failure" in warnings[0]
+    assert decoder.prefill_layer == decoder._prefill_layer and decoder.layer_step == decoder._layer_step
+    assert flat(out) == flat(run(model, items, params, fast_path="off"))

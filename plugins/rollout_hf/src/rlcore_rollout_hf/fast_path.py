@@ -193,29 +193,29 @@ class FastGenerator:
         still = active & ~torch.isin(chosen, stop) & (ws.lengths[:batch] < ws.limits[:batch])
         ws.active[:batch] = still
 
-    def _safe_step(self, args: tuple) -> None:
-        """Run one step; if the compiled layers fail to compile, fall back to uncompiled ones (a
-        compilation fails before its layer writes anything, so the step is simply run again)."""
+    def safely(self, fn, *args):
+        """``fn(*args)``; if the compiled layers fail to compile, fall back to uncompiled ones and
+        run it again (a compilation fails before its layer writes anything, and a decode step or a
+        prefill rewrites whatever it had written)."""
         if not self.compiled:
-            self._step(*args)
-            return
+            return fn(*args)
         try:
-            self._step(*args)
+            return fn(*args)
         except Exception as error:  # noqa: BLE001 -- any compiler failure; the eager layers are equivalent
             from loguru import logger
 
             logger.warning(
-                f"hf engine: torch.compile of the decode step failed, running it uncompiled: {error}"
+                f"hf engine: torch.compile of the decode layers failed, running them uncompiled: {error}"
             )
             self.decoder.compile_layers(False)
-            self._step(*args)
+            return fn(*args)
 
     def _runner(self, ws: Workspace, batch: int, params: SamplingParams, stop_ids: frozenset[int]):
         key = (batch, params.temperature, params.top_k, params.top_p, tuple(sorted(stop_ids)))
         stop = ws.stop_tensor(stop_ids)
         args = (ws, batch, params.temperature, params.top_k, params.top_p, stop)
         if not self.use_graphs:
-            return lambda: self._safe_step(args)
+            return lambda: self.safely(self._step, *args)
         graph = ws.graphs.get(key)
         if graph is None:
             # A warm-up step initialises lazily created library state; it really runs, so the
@@ -225,7 +225,7 @@ class FastGenerator:
             side = torch.cuda.Stream(device=self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
-                self._safe_step(args)
+                self.safely(self._step, *args)
             torch.cuda.current_stream(self.device).wait_stream(side)
             for tensor, value in zip(ws.small_state(), saved):
                 tensor.copy_(value)
@@ -447,8 +447,12 @@ class _Run:
                 ids[j, : len(prompts[i])] = torch.tensor(prompts[i])
             lengths = torch.tensor([len(prompts[i]) for i in part])
             target = torch.tensor([rows[i] for i in part])
-            logits = self.owner.decoder.prefill(
-                self.ws.cache, ids.to(self.device), lengths.to(self.device), target.to(self.device)
+            logits = self.owner.safely(
+                self.owner.decoder.prefill,
+                self.ws.cache,
+                ids.to(self.device),
+                lengths.to(self.device),
+                target.to(self.device),
             )
             for j, i in enumerate(part):
                 out[i] = logits[j]
