@@ -95,10 +95,10 @@ class SlotCache:
         self.rows = rows
         self.capacity = capacity
 
-    def move_rows(self, source: torch.Tensor, count: int) -> None:
-        """Rows ``source`` [count] become rows 0..count-1 (the others keep stale contents)."""
+    def move_rows(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        """Rows ``source`` are copied into rows ``target`` (the two sets disjoint)."""
         for tensor in (*self.keys, *self.values):
-            tensor[:count] = tensor[source]
+            tensor[target] = tensor[source]
 
     def copy_rows(self, source: torch.Tensor, target: torch.Tensor, length: int) -> None:
         """Positions [0, length) of rows ``source`` are copied into rows ``target``."""

@@ -93,10 +93,11 @@ class Workspace:
     def small_state(self) -> list[torch.Tensor]:
         return [self.tokens, self.positions, self.lengths, self.active]
 
-    def move_rows(self, source: torch.Tensor, count: int) -> None:
+    def move_rows(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        """Rows ``source`` are copied into rows ``target`` (the two sets disjoint), cache included."""
         for tensor in (*self.small_state(), self.limits, self.out_tokens, self.out_logprobs):
-            tensor[:count] = tensor[source]
-        self.cache.move_rows(source, count)
+            tensor[target] = tensor[source]
+        self.cache.move_rows(source, target)
 
 
 class FastGenerator:
@@ -365,14 +366,23 @@ class _Run:
             )
 
     def _compact(self, keep: list[int]) -> None:
-        """Move the live rows ``keep`` to the front; the rows after them become free."""
+        """Make the live rows ``keep`` rows 0..len(keep)-1; the rows after them become free.
+
+        Only the live rows beyond that range move, each into a finished row's place below it, so
+        a look copies as many cache rows as have finished rather than every live one (at 7B, 256
+        rows, moving all of them cost milliseconds a look). Row order carries no meaning."""
         ws = self.ws
         count = len(keep)
-        if keep != list(range(count)) and count:
-            ws.move_rows(torch.tensor(keep, device=self.device), count)
+        kept = set(keep)
+        holes = [row for row in range(count) if row not in kept]
+        movers = [row for row in keep if row >= count]  # as many as holes
+        if holes:
+            ws.move_rows(torch.tensor(movers, device=self.device), torch.tensor(holes, device=self.device))
         ws.active[count:] = False
-        self.row_request = [self.row_request[r] for r in keep]
-        self.row_length = [self.row_length[r] for r in keep]
+        for hole, mover in zip(holes, movers):
+            self.row_request[hole] = self.row_request[mover]
+            self.row_length[hole] = self.row_length[mover]
+        del self.row_request[count:], self.row_length[count:]
 
     def _admit(self) -> None:
         """Prefill waiting prompts into the free rows after the live ones and sample their first token."""
