@@ -317,8 +317,12 @@ def test_colocated_cuts_at_stop_strings_with_the_run_tokenizer():
     assert untouched.token_ids == [3, 6, 9, 12] and untouched.finish_reason == "length"
 
 
-def test_colocated_sleep_update_wake_sequence_and_buckets():
+def test_colocated_sleep_update_wake_sequence_and_buckets(monkeypatch):
+    from rlcore_rollout_sglang import colocated
+
     engine, fake = _colocated(weight_bucket_mb=1)
+    # torch's cached blocks go back to the driver before SGLang maps its memory again
+    monkeypatch.setattr(colocated, "release_cached_blocks", lambda: fake.calls.append(("release_cached", {})))
     engine.sleep()
     with pytest.raises(RlcoreError, match="asleep"):
         engine.generate([[1]], SamplingParams())
@@ -331,14 +335,16 @@ def test_colocated_sleep_update_wake_sequence_and_buckets():
     engine.wake_up()
     assert [(n, c) for n, c in fake.calls] == [
         ("release", {"tags": None}),
+        ("release_cached", {}),
         ("resume", {"tags": ["weights"]}),
         ("update", {"names": ["a.weight"], "flush_cache": False}),
         ("update", {"names": ["b.weight", "c.bias"], "flush_cache": True}),
+        ("release_cached", {}),
         ("resume", {"tags": ["kv_cache", "cuda_graph"]}),
     ]
     engine.sleep()
     engine.wake_up()
-    assert fake.calls[-1] == ("resume", {"tags": None})
+    assert fake.calls[-2:] == [("release_cached", {}), ("resume", {"tags": None})]
     fake.reject_weights = True
     with pytest.raises(RlcoreError, match="size mismatch"):
         engine.update_weights(tensors[:1])

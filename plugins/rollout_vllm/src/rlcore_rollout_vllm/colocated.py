@@ -16,6 +16,7 @@ from typing import Any
 
 from loguru import logger
 
+from rlcore.engine_kit.device_memory import release_cached_blocks
 from rlcore.engine_kit.options import unknown_name_message
 from rlcore.engine_kit.samples import replicate
 from rlcore.engine_kit.weights import AdapterFolder, buckets
@@ -28,13 +29,29 @@ from rlcore_rollout_vllm.translate import engine_kwargs, sampling_kwargs
 from rlcore_rollout_vllm.weights import LoraSpec
 
 
+def _worker_device(model):
+    """The device a worker's model computes on. During an FP8 model's layerwise reload vLLM has
+    put every parameter on the meta device (each layer is rebuilt once all of its weights have
+    arrived), so the parameters cannot say; the worker's current CUDA device can."""
+    import torch
+
+    for tensor in model.parameters():
+        if tensor.device.type != "meta":
+            return tensor.device
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )
+
+
 def _load_bucket(bucket, model) -> int:
     """Run inside each vLLM worker (via apply_model): load one bucket of HF-named tensors."""
     import torch
 
     from rlcore_rollout_vllm.weights import with_base_layer
 
-    device = next(model.parameters()).device
+    device = _worker_device(model)
     names = [n for n, _ in model.named_parameters()]
     if any(".base_layer." in n for n in names):  # LoRA enabled: base weights sit one level down
         wrapped = {n.split(".base_layer.")[0].split(".")[-1] for n in names if ".base_layer." in n}
@@ -135,6 +152,7 @@ class VLLMColocatedEngine:
     def wake_up(self) -> None:
         if not self.asleep:
             return
+        release_cached_blocks()
         if self._weights_asleep:
             self.llm.wake_up()
         else:  # update_weights already woke the weights
@@ -151,6 +169,7 @@ class VLLMColocatedEngine:
             return
         if self.asleep and self._weights_asleep:
             # Wake the weights alone: the KV cache stays free until wake_up().
+            release_cached_blocks()
             self.llm.wake_up(tags=["weights"])
             self._weights_asleep = False
         max_bytes = self.options.weight_bucket_mb << 20
