@@ -10,7 +10,9 @@ cache at the same point.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 
 
 def release_cached_blocks() -> None:
@@ -20,3 +22,23 @@ def release_cached_blocks() -> None:
     if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return
     torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def waking(what: str) -> Iterator[None]:
+    """Around an engine's wake-up: torch's cached blocks go back first, and the engine allocator's
+    own out-of-memory failure (a plain RuntimeError, e.g. vLLM's "CUDA Error: out of memory at
+    cumem_allocator.cpp") becomes torch's ``OutOfMemoryError``, which the trainer reports with the
+    options that free the phase's memory instead of a traceback."""
+    release_cached_blocks()
+    try:
+        yield
+    except RuntimeError as exc:
+        torch = sys.modules.get("torch")
+        if (
+            torch is None
+            or isinstance(exc, torch.OutOfMemoryError)
+            or "out of memory" not in str(exc).lower()
+        ):
+            raise
+        raise torch.OutOfMemoryError(f"{what}: {exc}") from exc

@@ -318,11 +318,13 @@ def test_colocated_cuts_at_stop_strings_with_the_run_tokenizer():
 
 
 def test_colocated_sleep_update_wake_sequence_and_buckets(monkeypatch):
-    from rlcore_rollout_sglang import colocated
+    from rlcore.engine_kit import device_memory
 
     engine, fake = _colocated(weight_bucket_mb=1)
     # torch's cached blocks go back to the driver before SGLang maps its memory again
-    monkeypatch.setattr(colocated, "release_cached_blocks", lambda: fake.calls.append(("release_cached", {})))
+    monkeypatch.setattr(
+        device_memory, "release_cached_blocks", lambda: fake.calls.append(("release_cached", {}))
+    )
     engine.sleep()
     with pytest.raises(RlcoreError, match="asleep"):
         engine.generate([[1]], SamplingParams())

@@ -13,6 +13,8 @@ from rlcore_rollout_vllm import colocated
 from rlcore_rollout_vllm.colocated import VLLMColocatedEngine
 from rlcore_rollout_vllm.options import VLLMOptions
 
+from rlcore.engine_kit import device_memory
+
 
 class ReloadingModel(torch.nn.Module):
     """A worker's model during a layerwise reload: parameters on the meta device; ``load_weights``
@@ -34,12 +36,15 @@ class FakeLLM:
     def __init__(self, calls: list):
         self.calls = calls
         self.model = ReloadingModel()
+        self.wake_failure: Exception | None = None
 
     def sleep(self, level):
         self.calls.append(("sleep", level))
 
     def wake_up(self, tags=None):
         self.calls.append(("wake_up", tags))
+        if self.wake_failure is not None:
+            raise self.wake_failure
 
     def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache", None))
@@ -60,7 +65,7 @@ class FakeLLM:
 def engine(monkeypatch):
     calls: list = []
     monkeypatch.setattr(
-        colocated, "release_cached_blocks", lambda: calls.append(("release_cached_blocks", None))
+        device_memory, "release_cached_blocks", lambda: calls.append(("release_cached_blocks", None))
     )
 
     def build(**options) -> VLLMColocatedEngine:
@@ -111,9 +116,28 @@ def test_fp8_update_loads_real_tensors_while_the_reload_holds_parameters_on_meta
     assert torch.equal(loaded[0][1], torch.ones(3, 4))
 
 
-def test_release_cached_blocks_empties_torchs_cache_only_once_cuda_runs(monkeypatch):
-    from rlcore.engine_kit import device_memory
+def test_vllms_own_out_of_memory_at_wake_up_becomes_torchs_which_the_trainer_explains(engine):
+    from rlcore.trainer.phases import OutOfMemory, Timer
 
+    made = engine()
+    made.sleep()
+    made.llm.wake_failure = RuntimeError(
+        "CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:163"
+    )
+    with pytest.raises(
+        torch.OutOfMemoryError, match="vLLM 0.26.0 waking its weights and KV cache: CUDA Error"
+    ):
+        made.wake_up()
+    timer = Timer(knobs={"gen": "[rollout] gpu_memory_utilization (the vllm engine's)"})
+    with pytest.raises(OutOfMemory, match=r"'gen' phase .*gpu_memory_utilization"), timer("gen"):
+        made.wake_up()
+    made.llm.wake_failure = RuntimeError("an unrelated failure")
+    with pytest.raises(RuntimeError, match="unrelated") as raised:
+        made.wake_up()
+    assert not isinstance(raised.value, torch.OutOfMemoryError)
+
+
+def test_release_cached_blocks_empties_torchs_cache_only_once_cuda_runs(monkeypatch):
     emptied = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

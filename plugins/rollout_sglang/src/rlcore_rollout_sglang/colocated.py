@@ -17,7 +17,7 @@ from typing import Any
 
 from loguru import logger
 
-from rlcore.engine_kit.device_memory import release_cached_blocks
+from rlcore.engine_kit.device_memory import waking
 from rlcore.engine_kit.samples import apply_stop_strings, replicate
 from rlcore.engine_kit.weights import AdapterFolder, adapter_config, adapter_name, buckets
 from rlcore.errors import RlcoreError, UsageError
@@ -114,8 +114,8 @@ class SGLangColocatedEngine:
         if not self.asleep:
             return
         tags = None if self._weights_asleep else OTHER_TAGS  # update_weights may have woken the weights
-        release_cached_blocks()
-        check(self.engine.resume_memory_occupation(tags=tags), "SGLang resume_memory_occupation")
+        with waking("SGLang resuming its memory"):
+            check(self.engine.resume_memory_occupation(tags=tags), "SGLang resume_memory_occupation")
         self.asleep = self._weights_asleep = False
 
     # ------------------------------------------------------------------ weights
@@ -128,11 +128,11 @@ class SGLangColocatedEngine:
             return
         if self.asleep and self._weights_asleep:
             # Only the weights come back; the KV cache stays released until wake_up().
-            release_cached_blocks()
-            check(
-                self.engine.resume_memory_occupation(tags=["weights"]),
-                "SGLang resume_memory_occupation (weights)",
-            )
+            with waking("SGLang resuming its weights"):
+                check(
+                    self.engine.resume_memory_occupation(tags=["weights"]),
+                    "SGLang resume_memory_occupation (weights)",
+                )
             self._weights_asleep = False
         sent = 0
         pending: list | None = None

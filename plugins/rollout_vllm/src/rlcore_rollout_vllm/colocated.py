@@ -16,7 +16,7 @@ from typing import Any
 
 from loguru import logger
 
-from rlcore.engine_kit.device_memory import release_cached_blocks
+from rlcore.engine_kit.device_memory import waking
 from rlcore.engine_kit.options import unknown_name_message
 from rlcore.engine_kit.samples import replicate
 from rlcore.engine_kit.weights import AdapterFolder, buckets
@@ -152,11 +152,9 @@ class VLLMColocatedEngine:
     def wake_up(self) -> None:
         if not self.asleep:
             return
-        release_cached_blocks()
-        if self._weights_asleep:
-            self.llm.wake_up()
-        else:  # update_weights already woke the weights
-            self.llm.wake_up(tags=["kv_cache"])
+        tags = None if self._weights_asleep else ["kv_cache"]  # update_weights may have woken the weights
+        with waking(f"vLLM {self.version} waking its {'KV cache' if tags else 'weights and KV cache'}"):
+            self.llm.wake_up(tags=tags)
         self.asleep = self._weights_asleep = False
 
     # ------------------------------------------------------------------ weights
@@ -169,8 +167,8 @@ class VLLMColocatedEngine:
             return
         if self.asleep and self._weights_asleep:
             # Wake the weights alone: the KV cache stays free until wake_up().
-            release_cached_blocks()
-            self.llm.wake_up(tags=["weights"])
+            with waking(f"vLLM {self.version} waking its weights"):
+                self.llm.wake_up(tags=["weights"])
             self._weights_asleep = False
         max_bytes = self.options.weight_bucket_mb << 20
         total = 0
