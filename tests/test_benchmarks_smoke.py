@@ -153,3 +153,34 @@ def test_async_benchmark_runs_one_step_off_with_a_split_engine(tmp_path):
     assert run["step_s"] > 0 and run["response_length"] == 16
     assert [s["rollout/staleness/max"] for s in run["steps"]] == [0.0, 1.0]
     assert 0 < run["steps"][-1]["async/engine_busy_fraction"] <= 1
+
+
+def test_profile_of_a_generate_call_splits_it_into_phases_that_add_up():
+    """benchmarks/profile_gpu.py call wraps the fast path's private phases (_Run._admit, _look,
+    FastGenerator._runner): a rename there must fail here, not in a GPU session."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/profile_gpu.py",
+            "call",
+            "--shape",
+            "tiny",
+            "--prompts",
+            "8",
+            "--max-new",
+            "8",
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    for workload in ("fixed", "varied"):
+        section = done.stdout.split(f"=== tiny {workload}:")[1].split("===")[0]
+        wall = float(section.split(" ms wall")[0])
+        phases = float(section.split("(the phases together)")[1].split("ms")[0])
+        assert abs(phases - wall) < 0.1 * wall, section
+        assert "prefill + first token" in section and "host: look" in section
+    fixed = done.stdout.split("=== tiny fixed:")[1].split("===")[0]
+    assert "7 steps" in fixed, fixed  # 8 new tokens: the first comes with the prefill
