@@ -52,8 +52,8 @@ class HFEngineOptions(Options):
     )
     compile: bool | Literal["auto"] = Field(
         "auto",
-        description="fast path: torch.compile the per-layer decode step, one compilation per batch bucket "
-        "(auto = on CUDA; falls back to uncompiled layers if the compiler fails)",
+        description="fast path: torch.compile the per-layer decode step (one compilation per batch bucket) and "
+        "prefill (one for any shape) (auto = on CUDA; falls back to uncompiled layers if the compiler fails)",
     )
     release_cache_on_sleep: Literal["auto", "always", "never"] = Field(
         "auto",
