@@ -239,20 +239,8 @@ class SlotDecoder:
         count, width = input_ids.shape
         positions = torch.arange(width, device=input_ids.device).expand(count, width)
         hidden = self.embed(input_ids)
-        mlp_out = torch.zeros_like(hidden)
         cos, sin = self.inner.rotary_emb(hidden, positions)
-        for index, layer in enumerate(self.layers):
-            hidden, mlp_out = self.prefill_layer(
-                layer,
-                hidden,
-                mlp_out,
-                cos,
-                sin,
-                cache.keys[index],
-                cache.values[index],
-                rows,
-                self._plan(index),
-            )
+        hidden, mlp_out = self._through_layers(self.prefill_layer, hidden, cos, sin, cache, rows)
         last = torch.arange(count, device=hidden.device), lengths - 1
         return self._logits(hidden[last] + mlp_out[last])
 
@@ -282,10 +270,16 @@ class SlotDecoder:
         batch = tokens.shape[0]
         rows = torch.arange(batch, device=tokens.device)
         hidden = self.embed(tokens[:, None])
-        mlp_out = torch.zeros_like(hidden)
         cos, sin = self.inner.rotary_emb(hidden, positions[:, None])
+        hidden, mlp_out = self._through_layers(self.layer_step, hidden, cos, sin, cache, rows, positions)
+        return self._logits((hidden + mlp_out)[:, 0])
+
+    def _through_layers(self, step, hidden, cos, sin, cache: SlotCache, *inputs):
+        """``step`` (a layer function: decode or prefill) over every layer with that layer's cache
+        and projections -> the last layer's residual stream and its MLP output, not yet added."""
+        mlp_out = torch.zeros_like(hidden)
         for index, layer in enumerate(self.layers):
-            hidden, mlp_out = self.layer_step(
+            hidden, mlp_out = step(
                 layer,
                 hidden,
                 mlp_out,
@@ -293,11 +287,10 @@ class SlotDecoder:
                 sin,
                 cache.keys[index],
                 cache.values[index],
-                rows,
-                positions,
+                *inputs,
                 self._plan(index),
             )
-        return self._logits((hidden + mlp_out)[:, 0])
+        return hidden, mlp_out
 
     def _layer_step(
         self, layer, hidden, mlp_out, cos, sin, keys, values, rows, positions, plan
