@@ -299,8 +299,10 @@ class SlotDecoder:
 
         The previous layer's MLP output ``mlp_out`` joins the residual stream here rather than at
         the end of that layer: compiled, the add then fuses with this layer's input norm (one
-        kernel a layer fewer, as vLLM's fused add + RMS norm). The sums are the same in the same
-        order. Returns (the residual stream after attention, this layer's MLP output)."""
+        kernel a layer fewer, as vLLM's fused add + RMS norm). The residual stream is the same sums
+        in the same order; compiled, the norm may read the sum before its rounding to the cache's
+        dtype, as the post-attention norm inside the layer already did. Returns (the residual
+        stream after attention, this layer's MLP output)."""
         batch = hidden.shape[0]
         attn = layer.self_attn
         hidden = hidden + mlp_out
