@@ -79,6 +79,9 @@ parser.add_argument("--shape", default="0.5b")
 parser.add_argument("--batches", default="256")
 parser.add_argument("--capacities", default="384")
 parser.add_argument("--attention", default="triton,sdpa")
+parser.add_argument(
+    "--mlp", default="fused", help="decode: comma list of fused (gate and up as one product), separate"
+)
 parser.add_argument("--workloads", default="fixed,varied", help="call: comma list of fixed, fixed-n4, varied")
 parser.add_argument("--prompts", type=int, default=256, help="call: prompts of each workload")
 parser.add_argument("--max-new", type=int, default=256, help="call: most new tokens")
@@ -127,8 +130,8 @@ if part in ("both", "decode"):
         f"{matrix_params / 1e9:.2f}B matrix parameters, {kv_per_token / 1024:.1f} KiB of KV per token"
     )
     rows = []
-    for kernel in args.attention.split(","):
-        d = SlotDecoder(m, attention=kernel)
+    for kernel, mlp in [(k, f) for f in args.mlp.split(",") for k in args.attention.split(",")]:
+        d = SlotDecoder(m, attention=kernel, fuse_mlp=mlp == "fused")
         d.compile_layers(True)
         d.refresh()
         for B in batches:
@@ -146,14 +149,15 @@ if part in ("both", "decode"):
                     for _ in range(3):
                         full()
                     torch.cuda.synchronize()
-                    if kernel == args.attention.split(",")[0] and cap == capacities[0]:
+                    if kernel == args.attention.split(",")[0] and cap == capacities[0]:  # each mlp
                         with profile(activities=[ProfilerActivity.CUDA]) as prof:
                             for _ in range(5):
                                 full()
                             torch.cuda.synchronize()
                         summary(
                             prof,
-                            f"{args.shape} decode step ({kernel} attention, compiled layers) + sampling, batch {B}, cap {cap}",
+                            f"{args.shape} decode step ({kernel} attention, {mlp} gate/up, compiled layers) + sampling, "
+                            f"batch {B}, cap {cap}",
                             per=5,
                             n=30,
                         )
@@ -161,7 +165,7 @@ if part in ("both", "decode"):
                     alone = graph_ms(functools.partial(d.decode, cache, tok, pos))
                 read = (weight_bytes + B * (cap - 127) * kv_per_token) / BANDWIDTH * 1e3
                 flops = 2 * matrix_params * B / MATMUL_FLOPS * 1e3
-                rows.append((kernel, B, cap, with_sample, alone, read, flops))
+                rows.append((f"{kernel}/{mlp}", B, cap, with_sample, alone, read, flops))
                 del cache
                 torch.cuda.empty_cache()
     # The prefill of the rollout benchmark's prompts: 256 x 128 tokens in one pass (PREFILL_TOKENS).
@@ -186,11 +190,11 @@ if part in ("both", "decode"):
     )
     del cache
     print(
-        f"\n{'attention':9} {'batch':>5} {'cap':>5} {'step+sample ms':>15} {'step ms':>8} {'read bound':>11} {'matmul bound':>13} {'of bound':>9}"
+        f"\n{'attn/mlp':16} {'batch':>5} {'cap':>5} {'step+sample ms':>15} {'step ms':>8} {'read bound':>11} {'matmul bound':>13} {'of bound':>9}"
     )
     for kernel, B, cap, with_sample, alone, read, flops in rows:
         print(
-            f"{kernel:9} {B:5d} {cap:5d} {with_sample:15.3f} {alone:8.3f} {read:11.3f} {flops:13.3f} {max(read, flops) / with_sample:9.1%}"
+            f"{kernel:16} {B:5d} {cap:5d} {with_sample:15.3f} {alone:8.3f} {read:11.3f} {flops:13.3f} {max(read, flops) / with_sample:9.1%}"
         )
     del m
     torch.cuda.empty_cache()

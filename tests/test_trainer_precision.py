@@ -230,6 +230,41 @@ def test_mismatch_metrics_catch_an_engine_left_on_stale_weights(tmp_path, tiny_m
         assert t["rollout_corr/kl"] > 1e-4
 
 
+@pytest.mark.slow
+def test_an_actor_laid_out_by_the_engine_trains_and_resumes_as_one_left_alone(tmp_path, tiny_model):
+    """The hf engine's fast path moves the shared actor's gate and up weights back to back
+    (``fuse_projections``); the trainer's float32 masters, bf16 compute parameters, checkpoints and
+    resume must not notice."""
+
+    def manifest(name: str, fuse: bool, steps: int):
+        directory = tmp_path / name
+        directory.mkdir(exist_ok=True)
+        return _dense_manifest(
+            directory,
+            tiny_model,
+            run={"device": "cpu"},
+            model={"compute_dtype": "bfloat16"},
+            rollout={"fast_path": "on", "fuse_projections": fuse, "compile": False},
+            trainer={"steps": steps, "lr": 1e-3, "save_every": 1},
+        )
+
+    runs = {}
+    for name, fuse in (("fused", True), ("separate", False)):
+        assert main(["run", str(manifest(name, fuse, 3)), "--run-dir", str(tmp_path / name / "run")]) == 0
+        runs[name] = train_rows(tmp_path / name / "run")
+    resumed = tmp_path / "resumed" / "run"
+    assert main(["run", str(manifest("resumed", True, 2)), "--run-dir", str(resumed)]) == 0
+    assert main(["run", str(manifest("resumed", True, 3)), "--run-dir", str(resumed), "--resume"]) == 0
+    runs["resumed"] = train_rows(resumed)
+    keys = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "rollout_corr/logprob_diff/mean")
+    for step in range(3):
+        for key in keys:
+            fused = runs["fused"][step][key]
+            assert runs["separate"][step][key] == pytest.approx(fused, rel=1e-6, abs=1e-9), (step, key)
+            assert runs["resumed"][step][key] == pytest.approx(fused, rel=1e-6, abs=1e-9), (step, key)
+    assert runs["fused"][2]["actor/grad_norm"] > 0
+
+
 def test_correction_weights_by_hand():
     from rlcore.algorithms import correction_weights
 

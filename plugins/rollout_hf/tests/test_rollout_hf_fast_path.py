@@ -1,5 +1,6 @@
 """The fast path (slot cache, continuous batching) against the plain path: the same greedy tokens
-and log-probs for every supported architecture, under refills, compaction and per-prompt caps."""
+and log-probs for every supported architecture, under refills, compaction and per-prompt caps,
+with its products fused (q/k/v, gate/up) and adapters unmerged."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import torch
 import transformers
 from rlcore_rollout_hf.decoder import unsupported_reason
 from rlcore_rollout_hf.engine import HFRolloutEngine
+from rlcore_rollout_hf.layout import lay_out_gate_up, place_back_to_back
 from rlcore_rollout_hf.options import HFEngineOptions
+from rlcore_rollout_hf.projections import stacked
 from rlcore_rollout_hf.sampling import sample_with_uniform
 
 from rlcore.errors import UsageError
@@ -241,11 +244,8 @@ def test_fused_qkv_projections_follow_in_place_updates(kind):
 
 
 def fast_engine_fused(model) -> HFRolloutEngine:
-    from rlcore_rollout_hf.projections import QKVCopies
-
-    engine = HFRolloutEngine(model, options=HFEngineOptions(fast_path="on"))
-    engine.fast.decoder.fused = QKVCopies()  # as on CUDA
-    return engine
+    """The fast path with the products fused as on CUDA (q/k/v as one, gate/up as one)."""
+    return HFRolloutEngine(model, options=HFEngineOptions(fast_path="on", fuse_projections=True))
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
@@ -265,7 +265,8 @@ def test_lora_projections_run_unmerged_and_fused_and_match_peft(kind, targets):
     for plan in engine.fast.decoder.plans:  # the direct products ran, adapters included
         rank = 12 if targets == "all-linear" else 8
         assert plan.qkv is not None and plan.qkv.a.shape[0] == rank and plan.qkv.scale == 2.0
-        assert (plan.o.a is not None) == (targets == "all-linear") and plan.mlp[2].a is not None
+        assert (plan.o.a is not None) == (targets == "all-linear") and plan.mlp.down.a is not None
+        assert plan.mlp.gate_up is not None and (plan.mlp.gate.a is not None) == (targets == "all-linear")
     # An optimizer step moves the adapters in place: the fused copies follow.
     with torch.no_grad():
         for name, tensor in model.named_parameters():
@@ -336,3 +337,124 @@ def test_a_compiler_failure_in_prefill_or_decode_falls_back_to_the_uncompiled_la
     assert len(warnings) == 1 and "simulated failure" in warnings[0]
     assert decoder.prefill_layer == decoder._prefill_layer and decoder.layer_step == decoder._layer_step
     assert flat(out) == flat(run(model, items, params, fast_path="off"))
+
+
+# ---------------------------------------------------------------------- gate and up as one product
+# The engine moves each layer's gate and up weights back to back in memory (the same parameters,
+# the same values) and multiplies them at once: generation must not change, and neither may
+# anything the trainer does with those parameters afterwards.
+
+LAYOUT_PARAMS = SamplingParams(n=2, temperature=0.0, max_new_tokens=12)
+
+
+def gate_up(model, index: int = 0):
+    mlp = model.model.layers[index].mlp
+    return mlp.gate_proj.weight, mlp.up_proj.weight
+
+
+def fused_engine(model, fuse=True) -> HFRolloutEngine:
+    return HFRolloutEngine(model, options=HFEngineOptions(fast_path="on", fuse_projections=fuse))
+
+
+def test_stacked_is_a_view_only_of_tensors_back_to_back():
+    block = torch.arange(24.0).reshape(6, 4)
+    top, bottom = block[:2], block[2:]
+    view = stacked([top, bottom])
+    assert view is not None and view.data_ptr() == block.data_ptr() and torch.equal(view, block)
+    assert stacked([bottom, top]) is None  # the wrong order
+    assert stacked([block[:2], block[3:]]) is None  # a gap
+    assert stacked([top, torch.zeros(4, 4)]) is None  # another storage
+    assert stacked([block[:, :2], block[:, 2:]]) is None  # not contiguous
+    assert stacked([top.double(), bottom.double()]) is None  # copies: no longer one storage
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral"])
+def test_gate_and_up_as_one_product_generate_the_same_and_keep_the_parameters(kind):
+    model = build(kind)
+    items = prompts(4, seed=11)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    objects = dict(model.named_parameters())
+    plain = run(model, items, LAYOUT_PARAMS, fast_path="off")
+    engine = fused_engine(model)
+    fast = engine.generate(items, LAYOUT_PARAMS)
+    assert flat(fast) == flat(plain) and largest_logprob_gap(fast, plain) < 1e-4
+    assert all(plan.mlp.gate_up is not None for plan in engine.fast.decoder.plans)
+    # Moved, not copied: the same parameter objects with the same values, now back to back.
+    assert dict(model.named_parameters()) == objects
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
+    assert all(stacked(list(gate_up(model, i))) is not None for i in range(len(model.model.layers)))
+    assert all(p.requires_grad and p.is_leaf for p in objects.values())
+    unfused = fused_engine(model, fuse=False)
+    assert flat(unfused.generate(items, LAYOUT_PARAMS)) == flat(fast)
+    assert all(plan.mlp.gate_up is None for plan in unfused.fast.decoder.plans)
+
+
+def test_the_fused_product_follows_an_optimizer_step_and_a_move_of_the_weights():
+    model = build("llama")
+    items = prompts(3, seed=12)
+    engine = fused_engine(model)
+    first = engine.generate(items, LAYOUT_PARAMS)
+    gate, up = gate_up(model)
+    # A trainer's step: gradients and AdamW on the moved parameters (in place, as optimizers do).
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    model(torch.tensor(items[0])[None], labels=torch.tensor(items[0])[None]).loss.backward()
+    assert gate.grad is not None and gate.grad.data_ptr() != gate.data_ptr()
+    optimizer.step()
+    model.eval()
+    assert stacked([gate, up]) is not None  # still back to back: updated in place
+    stepped = engine.generate(items, LAYOUT_PARAMS)
+    assert flat(stepped) == flat(run(model, items, LAYOUT_PARAMS, fast_path="off")) != flat(first)
+    # Something gives the parameters new storage (an offload round trip, .to()): laid out again.
+    with torch.no_grad():
+        for param in model.parameters():
+            param.data = param.data + torch.randn_like(param) * 0.2  # a new tensor
+    assert stacked([gate, up]) is None
+    moved = engine.generate(items, LAYOUT_PARAMS)
+    assert stacked([gate, up]) is not None
+    assert flat(moved) == flat(run(model, items, LAYOUT_PARAMS, fast_path="off")) != flat(stepped)
+
+
+def test_a_model_saved_after_the_move_loads_back_the_same(tmp_path):
+    model = build("qwen2")
+    fused_engine(model).generate(prompts(2), LAYOUT_PARAMS)
+    assert stacked(list(gate_up(model))) is not None
+    model.save_pretrained(tmp_path)  # safetensors: tensors sharing a storage are cloned apart
+    loaded = type(model).from_pretrained(tmp_path)
+    assert all(torch.equal(p, loaded.state_dict()[name]) for name, p in model.state_dict().items())
+
+
+def test_what_cannot_move_stays_where_it_is():
+    model = build("llama")
+    gate, up = gate_up(model)
+    up.data = up.data.double()  # another dtype: no common allocation
+    assert lay_out_gate_up(model, list(model.model.layers)) == 1  # the other layer moved
+    assert stacked([gate, up]) is None and gate.dtype == torch.float32
+    meta = torch.nn.Parameter(torch.empty(3, 4, device="meta"))
+    assert not place_back_to_back([meta, torch.nn.Parameter(torch.zeros(3, 4))])
+    pieces = [torch.nn.Parameter(torch.randn(2, 4)) for _ in range(3)]
+    values = [p.detach().clone() for p in pieces]
+    assert place_back_to_back(pieces) and not place_back_to_back(pieces)  # once
+    assert all(torch.equal(p, v) for p, v in zip(pieces, values)) and stacked(pieces) is not None
+
+
+def test_parameters_that_fsdp_manages_are_left_where_they_are():
+    """FSDP frees and refills its parameters' storage itself: moving them would break it."""
+    from torch.distributed.fsdp import FSDPModule
+
+    model = build("llama")
+    layer = model.model.layers[0]
+    layer.__class__ = type("FSDPLlamaDecoderLayer", (FSDPModule, type(layer)), {})  # what fully_shard makes
+    assert lay_out_gate_up(model, list(model.model.layers)) == 0
+    assert all(stacked(list(gate_up(model, i))) is None for i in range(len(model.model.layers)))
+
+
+def test_the_move_happens_outside_inference_mode():
+    """The engine generates under inference mode; the moved parameters must stay usable for autograd."""
+    model = build("llama")
+    with torch.inference_mode():
+        fused_engine(model).generate(prompts(2), LAYOUT_PARAMS)
+    gate, _ = gate_up(model)
+    assert not gate.is_inference()
+    model(torch.tensor([[3, 4, 5]]), labels=torch.tensor([[3, 4, 5]])).loss.backward()
+    assert gate.grad is not None

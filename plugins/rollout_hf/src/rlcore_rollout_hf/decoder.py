@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from rlcore_rollout_hf.decode_attention import decode_attention, usable
+from rlcore_rollout_hf.layout import lay_out_gate_up
 from rlcore_rollout_hf.projections import (
     LayerPlan,
     Linear,
@@ -113,7 +114,9 @@ _MODULE_CALLS = LayerPlan(None, None, None, None, None, None)
 class SlotDecoder:
     """Prefill and decode for one supported model over a :class:`SlotCache`."""
 
-    def __init__(self, model: Any, attention: str = "auto", fuse_qkv: bool | None = None):
+    def __init__(
+        self, model: Any, attention: str = "auto", fuse_qkv: bool | None = None, fuse_mlp: bool | None = None
+    ):
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(reason)
@@ -145,6 +148,8 @@ class SlotDecoder:
         )
         # Default: q/k/v fused on CUDA, where the product's shape matters (see QKVCopies).
         self.fused = QKVCopies() if (device.type == "cuda" if fuse_qkv is None else fuse_qkv) else None
+        # Default: gate and up as one product on CUDA, their weights moved back to back (layout.py).
+        self.fuse_mlp = device.type == "cuda" if fuse_mlp is None else fuse_mlp
         # False: every projection and MLP is called as a module (what peft's own layers cost; for
         # benchmarks to compare against).
         self.direct = True
@@ -156,6 +161,8 @@ class SlotDecoder:
         if not self.direct:
             self.plans = None
             return
+        if self.fuse_mlp:  # again after every move of the weights (an offload, a trainer's .to())
+            lay_out_gate_up(self.lm, self.layers)
         separate = [
             [
                 as_linear(layer.self_attn.q_proj),
@@ -166,7 +173,9 @@ class SlotDecoder:
         ]
         fused = self.fused.refresh(separate) if self.fused is not None else [None] * len(self.layers)
         self.plans = [
-            LayerPlan(qkv, *qkv_parts, as_linear(layer.self_attn.o_proj), mlp_linears(layer.mlp))
+            LayerPlan(
+                qkv, *qkv_parts, as_linear(layer.self_attn.o_proj), mlp_linears(layer.mlp, fuse=self.fuse_mlp)
+            )
             for layer, qkv_parts, qkv in zip(self.layers, separate, fused)
         ]
 

@@ -113,7 +113,11 @@ class HFRolloutEngine:
                 )
             return None
         try:
-            decoder = SlotDecoder(self.model, attention=self.options.decode_attention)
+            fuse = self.options.fuse_projections
+            fuse = self.device.type == "cuda" if fuse == "auto" else fuse
+            decoder = SlotDecoder(
+                self.model, attention=self.options.decode_attention, fuse_qkv=fuse, fuse_mlp=fuse
+            )
         except (
             ValueError
         ) as error:  # the model itself passed unsupported_reason: the attention kernel cannot run

@@ -55,6 +55,12 @@ class HFEngineOptions(Options):
         description="fast path: torch.compile the per-layer decode step (one compilation per batch bucket) and "
         "prefill (one for any shape) (auto = on CUDA; falls back to uncompiled layers if the compiler fails)",
     )
+    fuse_projections: bool | Literal["auto"] = Field(
+        "auto",
+        description="fast path: multiply q/k/v as one product (a stacked copy of their weights) and gate/up as "
+        "one (their weights moved back to back in memory: the same parameters, also a shared actor's); "
+        "auto = on CUDA, where the wider products fill the GPU at small batches",
+    )
     release_cache_on_sleep: Literal["auto", "always", "never"] = Field(
         "auto",
         description="fast path: free the slot KV cache and its CUDA graphs on sleep(); auto = only when the "

@@ -38,12 +38,36 @@ class Linear(NamedTuple):
 
 
 def apply(linear: Linear, x: torch.Tensor) -> torch.Tensor:
-    out = F.linear(x, linear.weight, linear.bias)
+    return _plus_adapter(linear, x, F.linear(x, linear.weight, linear.bias))
+
+
+def _plus_adapter(linear: Linear, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out`` (``x``'s base product) plus ``linear``'s adapter product, if it has one."""
     if linear.a is None:
         return out
     rows = out.reshape(-1, out.shape[-1])
     low = F.linear(x, linear.a).reshape(rows.shape[0], -1)
     return torch.addmm(rows, low, linear.b.t(), alpha=linear.scale).view(out.shape)
+
+
+def stacked(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """``tensors`` concatenated along their first dimension, as a view (no copy), when they lie
+    back to back in one storage (same dtype, device and trailing shape, each contiguous); else None."""
+    first = tensors[0]
+    offset = first.storage_offset()
+    for tensor in tensors:
+        if (
+            type(tensor.data) is not torch.Tensor  # a DTensor shard, a tensor subclass
+            or tensor.device.type == "meta"
+            or (tensor.dtype, tensor.device, tensor.shape[1:]) != (first.dtype, first.device, first.shape[1:])
+            or not tensor.is_contiguous()
+            or tensor.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+            or tensor.storage_offset() != offset
+        ):
+            return None
+        offset += tensor.numel()
+    rows = sum(tensor.shape[0] for tensor in tensors)
+    return first.detach().as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
 
 
 def _peft_lora_linear() -> type | None:
@@ -94,36 +118,64 @@ def as_linear(module: Any) -> Linear | None:
     return Linear(base.weight, base.bias, a, b, float(module.scaling[name]))
 
 
+class GatedMLP(NamedTuple):
+    """The products of a gated MLP, ``down(act(gate(x)) * up(x))``. ``gate_up``: the gate and up
+    base weights (and biases) as one product, where they lie back to back in memory (see
+    ``layout.py``); their adapters, if any, are still added apart."""
+
+    gate: Linear
+    up: Linear
+    down: Linear
+    gate_up: Linear | None = None
+
+
 class LayerPlan(NamedTuple):
     """How one decoder layer's projections run: each a :class:`Linear` or None (call the module).
     ``qkv``: the three as one (a :class:`QKVCopies` copy), else ``q``/``k``/``v`` apart; ``mlp``:
-    gate, up and down when the MLP is the gated recipe, else None."""
+    a :class:`GatedMLP` when the MLP is the gated recipe, else None."""
 
     qkv: Linear | None
     q: Linear | None
     k: Linear | None
     v: Linear | None
     o: Linear | None
-    mlp: tuple[Linear, Linear, Linear] | None
+    mlp: GatedMLP | None
 
 
 def structure(plan: LayerPlan) -> tuple:
     """Which products ``plan`` runs (not on which tensors): module calls, adapters, their scales."""
-    linears = (plan.qkv, plan.q, plan.k, plan.v, plan.o, *(plan.mlp or (None, None, None)))
-    return tuple(None if p is None else (p.a is not None, p.scale) for p in linears)
+    mlp = plan.mlp or GatedMLP(None, None, None)
+    linears = (plan.qkv, plan.q, plan.k, plan.v, plan.o, mlp.gate, mlp.up, mlp.down)
+    return tuple(None if p is None else (p.a is not None, p.scale) for p in linears) + (
+        mlp.gate_up is not None,
+    )
 
 
-def mlp_linears(mlp: Any) -> tuple[Linear, Linear, Linear] | None:
-    """The gate, up and down projections of a gated MLP (its ``act_fn`` applied between)."""
+def mlp_linears(mlp: Any, fuse: bool = False) -> GatedMLP | None:
+    """The gate, up and down projections of a gated MLP (its ``act_fn`` applied between); with
+    ``fuse``, gate and up as one product where their weights lie back to back in one storage."""
     if type(mlp).__name__ not in _GATED_MLPS or not hasattr(mlp, "act_fn"):
         return None
     parts = tuple(as_linear(getattr(mlp, name, None)) for name in ("gate_proj", "up_proj", "down_proj"))
-    return None if any(part is None for part in parts) else parts
+    if any(part is None for part in parts):
+        return None
+    gate, up, down = parts
+    weight = stacked([gate.weight, up.weight]) if fuse else None
+    if weight is None:
+        return GatedMLP(gate, up, down)
+    if gate.bias is None and up.bias is None:
+        return GatedMLP(gate, up, down, Linear(weight, None))
+    bias = None if gate.bias is None or up.bias is None else stacked([gate.bias, up.bias])
+    return GatedMLP(gate, up, down, None if bias is None else Linear(weight, bias))
 
 
-def run_mlp(linears: tuple[Linear, Linear, Linear], act: Any, x: torch.Tensor) -> torch.Tensor:
-    gate, up, down = linears
-    return apply(down, act(apply(gate, x)) * apply(up, x))
+def run_mlp(mlp: GatedMLP, act: Any, x: torch.Tensor) -> torch.Tensor:
+    if mlp.gate_up is None:
+        gate, up = apply(mlp.gate, x), apply(mlp.up, x)
+    else:
+        gate, up = apply(mlp.gate_up, x).split([mlp.gate.weight.shape[0], mlp.up.weight.shape[0]], dim=-1)
+        gate, up = _plus_adapter(mlp.gate, x, gate), _plus_adapter(mlp.up, x, up)
+    return apply(mlp.down, act(gate) * up)
 
 
 class QKVCopies:

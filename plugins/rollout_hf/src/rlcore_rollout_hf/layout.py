@@ -1,0 +1,80 @@
+"""Laying a gated MLP's gate and up weights back to back in memory, so that the decoder multiplies
+them as one product without a copy.
+
+Why: at the batches a decode step runs once sequences start finishing, a 7B model's gate and up
+products are each too narrow to fill an H100 (at 16 rows cuBLAS runs each as 99 tiles on 132
+multiprocessors), and vLLM multiplies the two as one (``gate_up_proj``). A stacked copy of both
+would cost 7.6 GB beside a shared 7B actor; moving the existing weights into one allocation costs
+nothing after the move. The parameters stay the same objects with the same values, dtype and
+device (only their ``.data`` now points into the shared allocation), so the trainer, its optimizer
+and checkpoints see no difference: ``save_pretrained`` clones tensors that share a storage
+without overlapping.
+
+Not touched: parameters that FSDP manages (it frees and refills their storage itself), DTensors,
+meta tensors, and pairs that differ in dtype, device or width.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rlcore_rollout_hf.projections import as_linear, stacked
+
+
+def _movable(params: list[Any]) -> bool:
+    first = params[0]
+    return all(
+        isinstance(p, torch.nn.Parameter)
+        and type(p.data) is torch.Tensor
+        and p.device.type != "meta"
+        and p.is_contiguous()
+        and (p.dtype, p.device, p.shape[1:]) == (first.dtype, first.device, first.shape[1:])
+        for p in params
+    )
+
+
+def _fsdp_managed(modules: list[Any]) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without distributed
+        return False
+    return any(isinstance(m, FSDPModule) for m in modules)
+
+
+def place_back_to_back(params: list[torch.nn.Parameter]) -> bool:
+    """Move ``params``' values into one new allocation, in order, each parameter's ``.data`` a
+    view of its part; True when they moved (False: already so, or not movable)."""
+    if stacked(params) is not None or not _movable(params):
+        return False
+    first = params[0]
+    # Outside inference mode: the new storage becomes the trainer's parameters' data.
+    with torch.inference_mode(False), torch.no_grad():
+        block = torch.empty(
+            (sum(p.shape[0] for p in params), *first.shape[1:]), dtype=first.dtype, device=first.device
+        )
+        start = 0
+        for param in params:
+            part = block[start : start + param.shape[0]]
+            part.copy_(param.data)
+            param.data = part
+            start += param.shape[0]
+    return True
+
+
+def lay_out_gate_up(model_root: Any, layers: list[Any]) -> int:
+    """Lay each layer's gate and up weights (and biases, when both have them) back to back; return
+    how many layers' weights moved. Nothing moves under FSDP."""
+    if _fsdp_managed([model_root, *layers]):
+        return 0
+    moved = 0
+    for layer in layers:
+        mlp = getattr(layer, "mlp", None)
+        gate, up = (as_linear(getattr(mlp, name, None)) for name in ("gate_proj", "up_proj"))
+        if gate is None or up is None:
+            continue
+        moved += place_back_to_back([gate.weight, up.weight])
+        if gate.bias is not None and up.bias is not None:
+            place_back_to_back([gate.bias, up.bias])
+    return moved
