@@ -11,6 +11,12 @@ engine runs every workload after a warm-up call of the same shape:
 - ``varied``: 256 prompts, each with its own max new tokens drawn uniformly from [16, 256]
   (seed 0), as RL responses end at different lengths.
 
+vLLM keeps its prefix cache on (its default, and what shares a prompt's KV among its samples
+within a call) but starts each timed call with it emptied (``reset_prefix_cache``), as an RL step
+does: its prompts are new, and an RL framework resets the cache after every weight update. Until
+2026-12-07 it did not: the timed call found every prompt of the warm-up call in the cache and
+skipped nearly all of its prefill, which rlcore's engine (no cache across calls) had to compute.
+
 transformers ``generate`` runs ``fixed`` only (it has no per-request lengths; as a baseline it
 is only needed there). Printed: generated tokens/s, the ratios, and the fraction of the decode
 roofline. Each decode step must read the weights and the live KV cache once (at the measured
@@ -237,6 +243,7 @@ def run_vllm(config, works: dict) -> dict:
             for c in work["caps"]
         ]
         llm.generate(requests, params, use_tqdm=False)  # warm-up
+        llm.reset_prefix_cache()  # the timed call prefills its prompts, as after a weight update
         seconds, outputs = timed(functools.partial(llm.generate, requests, params, use_tqdm=False), "cuda")
         got = sum(len(c.token_ids) for r in outputs for c in r.outputs)
         assert got == generated(work), (got, generated(work))
