@@ -242,12 +242,18 @@ def run_vllm(config, works: dict) -> dict:
             )
             for c in work["caps"]
         ]
-        llm.generate(requests, params, use_tqdm=False)  # warm-up
+        call = functools.partial(llm.generate, requests, params, use_tqdm=False)
+        call()  # warm-up
         llm.reset_prefix_cache()  # the timed call prefills its prompts, as after a weight update
-        seconds, outputs = timed(functools.partial(llm.generate, requests, params, use_tqdm=False), "cuda")
+        seconds, outputs = timed(call, "cuda")
         got = sum(len(c.token_ids) for r in outputs for c in r.outputs)
         assert got == generated(work), (got, generated(work))
-        out[name] = dict(seconds=seconds, tokens=got, tokens_per_s=got / seconds)
+        # Beside it, for the record: the same call again with the prompts left in the cache (how
+        # this benchmark measured vLLM until 2026-12-07; no RL step can find its prompts there).
+        cached, _ = timed(call, "cuda")
+        out[name] = dict(
+            seconds=seconds, tokens=got, tokens_per_s=got / seconds, prompts_cached_tokens_per_s=got / cached
+        )
     return out  # the engine goes with this frame; vLLM runs last
 
 
@@ -349,6 +355,16 @@ def main() -> int:
             print(
                 f"{name:10} {engine:22} {tps:10.0f} {vs_hf if vs_hf else float('nan'):15.2f} "
                 f"{vs_vllm if vs_vllm else float('nan'):8.2f} {tps / bound['decode']:12.1%} {tps / bound['with_prefill']:9.1%}"
+            )
+    if "vllm" in results:
+        print(
+            "\nvLLM with the timed call's prompts still in its prefix cache (not an RL step; for the record):"
+        )
+        for name in works:
+            row = results["vllm"][name]
+            print(
+                f"  {name:10} {row['prompts_cached_tokens_per_s']:10.0f} tokens/s, "
+                f"{row['prompts_cached_tokens_per_s'] / row['tokens_per_s']:.2f}x its speed with the cache emptied"
             )
     if args.lora and {"rlcore-compiled", "rlcore-lora-modules", "rlcore-lora-off"} <= results.keys():
         print(
