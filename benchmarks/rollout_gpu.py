@@ -14,8 +14,8 @@ engine runs every workload after a warm-up call of the same shape:
 vLLM keeps its prefix cache on (its default, and what shares a prompt's KV among its samples
 within a call) but starts each timed call with it emptied (``reset_prefix_cache``), as an RL step
 does: its prompts are new, and an RL framework resets the cache after every weight update. Until
-2026-12-07 it did not: the timed call found every prompt of the warm-up call in the cache and
-skipped nearly all of its prefill, which rlcore's engine (no cache across calls) had to compute.
+2026-12-06 (late) it did not: the timed call found every prompt of the warm-up call in the cache and
+skipped most of its prefill, which rlcore's engine (no cache across calls) had to compute.
 
 transformers ``generate`` runs ``fixed`` only (it has no per-request lengths; as a baseline it
 is only needed there). Printed: generated tokens/s, the ratios, and the fraction of the decode
@@ -249,7 +249,7 @@ def run_vllm(config, works: dict) -> dict:
         got = sum(len(c.token_ids) for r in outputs for c in r.outputs)
         assert got == generated(work), (got, generated(work))
         # Beside it, for the record: the same call again with the prompts left in the cache (how
-        # this benchmark measured vLLM until 2026-12-07; no RL step can find its prompts there).
+        # this benchmark measured vLLM until 2026-12-06 (late); no RL step can find its prompts there).
         cached, _ = timed(call, "cuda")
         out[name] = dict(
             seconds=seconds, tokens=got, tokens_per_s=got / seconds, prompts_cached_tokens_per_s=got / cached
