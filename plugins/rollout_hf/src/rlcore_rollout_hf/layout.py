@@ -1,11 +1,10 @@
 """Laying a gated MLP's gate and up weights back to back in memory, so that the decoder multiplies
 them as one product without a copy.
 
-Why: at the batches a decode step runs once sequences start finishing, a 7B model's gate and up
-products are each too narrow to fill an H100 (at 16 rows cuBLAS runs each as 99 tiles on 132
-multiprocessors), and vLLM multiplies the two as one (``gate_up_proj``). A stacked copy of both
-would cost 7.6 GB beside a shared 7B actor; moving the existing weights into one allocation costs
-nothing after the move. The parameters stay the same objects with the same values, dtype and
+Why: one product of twice the width reads the weights faster than two (a 7B layer on an H100:
+111 against 127 us at 16 rows, 122 against 143 us at 256; a decode step 2% faster), and vLLM
+multiplies the two as one too (``gate_up_proj``). A stacked copy of both would cost 7.6 GB beside
+a shared 7B actor; moving the existing weights into one allocation costs nothing after the move. The parameters stay the same objects with the same values, dtype and
 device (only their ``.data`` now points into the shared allocation), so the trainer, its optimizer
 and checkpoints see no difference: ``save_pretrained`` clones tensors that share a storage
 without overlapping.
