@@ -1,14 +1,15 @@
 """Where the GPU time goes, by kernel category (CUDA only; a development tool, no ratios to meet).
 
     python benchmarks/profile_gpu.py [decode|call|train|gemm|both] [--shape 0.5b|1.5b|3b|7b] [--batches 64,256]
-                                     [--capacities 384,1536] [--attention triton,sdpa] [--workloads fixed,varied]
-                                     [noeager]
+                                     [--capacities 384,1536] [--attention triton,sdpa] [--mlp fused,separate]
+                                     [--workloads fixed,varied] [noeager]
 
 decode: one step of the hf engine's fast path (compiled layers and compiled sampling) at each
         batch, the first capacity, every row at position capacity - 128, profiled eagerly by kernel
         category; then, for every attention kernel x batch x capacity, the step timed as a CUDA
         graph with and without the sampling, beside its bounds (the weights and live KV read at
-        4.3 TB/s; the matrix products at 790 TFLOP/s).
+        4.3 TB/s; the matrix products at 790 TFLOP/s). ``--mlp fused,separate`` repeats it all with
+        gate and up as one product and apart.
 gemm:   each matrix product of one decoder layer and the lm_head at those batch sizes through
         cuBLAS (torch.nn.functional.linear), alone and fused (q/k/v as one, gate/up as one):
         microseconds, TFLOP/s and the weights' read rate.
@@ -149,7 +150,8 @@ if part in ("both", "decode"):
                     for _ in range(3):
                         full()
                     torch.cuda.synchronize()
-                    if kernel == args.attention.split(",")[0] and cap == capacities[0]:  # each mlp
+                    # Profiled for the first attention kernel and capacity, under each --mlp choice.
+                    if kernel == args.attention.split(",")[0] and cap == capacities[0]:
                         with profile(activities=[ProfilerActivity.CUDA]) as prof:
                             for _ in range(5):
                                 full()
