@@ -184,3 +184,50 @@ def test_profile_of_a_generate_call_splits_it_into_phases_that_add_up():
         assert "prefill + first token" in section and "host: look" in section
     fixed = done.stdout.split("=== tiny fixed:")[1].split("===")[0]
     assert "7 steps" in fixed, fixed  # 8 new tokens: the first comes with the prefill
+
+
+def test_vllm_is_timed_with_its_prefix_cache_emptied_as_in_an_rl_step(monkeypatch, tmp_path):
+    """rollout_gpu.py's warm-up call leaves the same prompts in vLLM's prefix cache; an RL step's
+    prompts are new (and the cache is emptied after each weight update), so the timed call must
+    start with the cache emptied. A fake ``vllm`` records the order of calls."""
+    import types
+
+    import torch
+    import transformers
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import rollout_gpu
+
+    events: list[str] = []
+
+    class FakeLLM:
+        def __init__(self, **kwargs):
+            events.append("start")
+
+        def generate(self, requests, params, use_tqdm=True):
+            events.append("generate")
+            return [
+                types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=[7] * p.max_tokens)] * p.n)
+                for p in params
+            ]
+
+        def reset_prefix_cache(self):
+            events.append("reset")
+
+    vllm = types.ModuleType("vllm")
+    vllm.LLM, vllm.SamplingParams = FakeLLM, types.SimpleNamespace
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = types.SimpleNamespace
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    works = rollout_gpu.workloads(8, 8, 512)
+    config = transformers.Qwen2Config(
+        vocab_size=512, hidden_size=32, num_hidden_layers=1, num_attention_heads=2
+    )
+    out = rollout_gpu.run_vllm(config, works)
+    # Per workload: warm-up, emptied, the timed call, then the call with the prompts left cached.
+    assert events == ["start"] + ["generate", "reset", "generate", "generate"] * len(works)
+    for name, work in works.items():
+        assert out[name]["tokens"] == rollout_gpu.generated(work)
+        assert out[name]["tokens_per_s"] > 0 and out[name]["prompts_cached_tokens_per_s"] > 0
