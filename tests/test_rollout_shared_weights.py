@@ -37,6 +37,16 @@ def test_buckets_detach():
     assert not t.requires_grad and t.data_ptr() == w.data_ptr()
 
 
+def test_write_shards_takes_views_of_one_allocation(tmp_path):
+    """The hf engine lays a shared actor's gate and up weights back to back in one allocation;
+    safetensors refuses tensors that share a storage, so the shards get them apart."""
+    block = torch.arange(24.0).reshape(6, 4)
+    gate, up = block[:3], block[3:]
+    (shard,) = write_shards({"gate.weight": gate, "up.weight": up}.items(), tmp_path / "ck", 1 << 20)
+    loaded = load_file(str(shard))
+    assert torch.equal(loaded["gate.weight"], gate) and torch.equal(loaded["up.weight"], up)
+
+
 def test_write_shards_round_trips_with_an_index(tmp_path):
     tensors = _tensors()
     (tmp_path / "ck").mkdir()
