@@ -38,8 +38,9 @@ def test_buckets_detach():
 
 
 def test_write_shards_takes_views_of_one_allocation(tmp_path):
-    """The hf engine lays a shared actor's gate and up weights back to back in one allocation;
-    safetensors refuses tensors that share a storage, so the shards get them apart."""
+    """The hf engine lays a shared actor's gate and up weights back to back in one allocation
+    (views of one storage); the shards a server loads must take them as they are (safetensors
+    refuses only tensors that overlap)."""
     block = torch.arange(24.0).reshape(6, 4)
     gate, up = block[:3], block[3:]
     (shard,) = write_shards({"gate.weight": gate, "up.weight": up}.items(), tmp_path / "ck", 1 << 20)

@@ -51,14 +51,6 @@ def fresh_dir(directory: str | Path) -> Path:
     return out
 
 
-def _alone(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` with a storage of its own: safetensors refuses tensors that share one (a view
-    into a larger allocation, as the hf engine lays a shared actor's gate and up weights)."""
-    if tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size():
-        return tensor
-    return tensor.clone()
-
-
 def write_shards(
     named_tensors: NamedTensors, directory: str | Path, max_bytes: int, *, index: bool = True
 ) -> list[Path]:
@@ -72,7 +64,7 @@ def write_shards(
     total = 0
     for i, bucket in enumerate(buckets(named_tensors, max_bytes)):
         path = out / f"model-{i + 1:05d}.safetensors"
-        tensors = {name: _alone(t.contiguous().cpu()) for name, t in bucket}
+        tensors = {name: t.contiguous().cpu() for name, t in bucket}
         save_file(tensors, str(path), metadata={"format": "pt"})
         shards.append(path)
         for name, t in tensors.items():
