@@ -97,3 +97,27 @@ def test_drain_is_off_when_ray_prints_nothing_to_this_driver():
     started = time.monotonic()
     assert not drain.wait({("7", False): 5}, timeout=10)
     assert time.monotonic() - started < 0.1
+
+
+def test_drain_returns_only_after_the_last_lines_are_printed():
+    """A drain that returned while Ray's handler was still printing would let the driver shut
+    down under it: lines are counted once printed, not before."""
+    dispatcher = FakeDispatcher()
+    printing = threading.Event()
+    done_printing = []
+
+    def slow_printer(data):
+        printing.set()
+        time.sleep(0.5)  # a terminal that takes its time
+        dispatcher.printed.append(data)
+        done_printing.append(time.monotonic())
+
+    dispatcher.handlers = [("ray_print_logs", slow_printer)]
+    with OutputDrain(dispatcher) as drain:
+        threading.Thread(
+            target=dispatcher.emit, args=[{"pid": 7, "is_err": False, "lines": ["last"]}]
+        ).start()
+        assert printing.wait(5)
+        assert drain.wait({("7", False): 1}, timeout=10, quiet=0.1)
+        returned = time.monotonic()
+    assert dispatcher.lines() == ["last"] and done_printing and done_printing[0] <= returned
