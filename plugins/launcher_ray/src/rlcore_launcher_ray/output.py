@@ -93,14 +93,17 @@ class _Filter:
                     continue  # a second log monitor publishing the same file
                 self.next_seq[token] = seq + 1
                 kept.append(line[match.end() :])
-        if kept:
-            self.print_logs({**data, "lines": kept})
         # Counted once printed: a drain that sees its last lines counted may let the driver shut
-        # down, and lines still being printed then would be cut off.
-        with self.changed:
-            self.received[(str(data.get("pid")), bool(data.get("is_err")))] += len(kept)
-            self.last = time.monotonic()
-            self.changed.notify_all()
+        # down, and lines still being printed then would be cut off. (Counted even if printing
+        # fails: the drain must not wait out its timeout for lines that will never come.)
+        try:
+            if kept:
+                self.print_logs({**data, "lines": kept})
+        finally:
+            with self.changed:
+                self.received[(str(data.get("pid")), bool(data.get("is_err")))] += len(kept)
+                self.last = time.monotonic()
+                self.changed.notify_all()
 
 
 def _dispatcher():
