@@ -113,9 +113,8 @@ class HFRolloutEngine:
                 )
             return None
         try:
-            fuse = self.options.fuse_projections
-            fuse = self.device.type == "cuda" if fuse == "auto" else fuse
-            decoder = SlotDecoder(
+            fuse = None if self.options.fuse_projections == "auto" else self.options.fuse_projections
+            decoder = SlotDecoder(  # None: the decoder's default, on CUDA
                 self.model, attention=self.options.decode_attention, fuse_qkv=fuse, fuse_mlp=fuse
             )
         except (

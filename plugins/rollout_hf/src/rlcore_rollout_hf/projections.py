@@ -50,18 +50,29 @@ def _plus_adapter(linear: Linear, x: torch.Tensor, out: torch.Tensor) -> torch.T
     return torch.addmm(rows, low, linear.b.t(), alpha=linear.scale).view(out.shape)
 
 
+def stackable(tensors: list[torch.Tensor]) -> bool:
+    """Whether ``tensors`` could lie back to back in one storage: plain (no DTensor shard or other
+    subclass), materialised (not meta), contiguous, with one dtype, device and trailing shape."""
+    first = tensors[0]
+    return all(
+        type(tensor.data) is torch.Tensor
+        and tensor.device.type != "meta"
+        and tensor.is_contiguous()
+        and (tensor.dtype, tensor.device, tensor.shape[1:]) == (first.dtype, first.device, first.shape[1:])
+        for tensor in tensors
+    )
+
+
 def stacked(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     """``tensors`` concatenated along their first dimension, as a view (no copy), when they lie
-    back to back in one storage (same dtype, device and trailing shape, each contiguous); else None."""
+    back to back in one storage (and are :func:`stackable`); else None."""
+    if not stackable(tensors):
+        return None
     first = tensors[0]
     offset = first.storage_offset()
     for tensor in tensors:
         if (
-            type(tensor.data) is not torch.Tensor  # a DTensor shard, a tensor subclass
-            or tensor.device.type == "meta"
-            or (tensor.dtype, tensor.device, tensor.shape[1:]) != (first.dtype, first.device, first.shape[1:])
-            or not tensor.is_contiguous()
-            or tensor.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+            tensor.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
             or tensor.storage_offset() != offset
         ):
             return None
