@@ -12,7 +12,9 @@ decode: one step of the hf engine's fast path (compiled layers and compiled samp
         gate and up as one product and apart.
 gemm:   each matrix product of one decoder layer and the lm_head at those batch sizes through
         cuBLAS (torch.nn.functional.linear), alone and fused (q/k/v as one, gate/up as one):
-        microseconds, TFLOP/s and the weights' read rate.
+        microseconds, TFLOP/s and the weights' read rate. Each call is timed alone with the L2
+        flushed, which reads lower than a decode step's back-to-back products
+        (benchmarks/skinny_gemm.py times those).
 call:   where one ``generate`` call of the hf engine goes (CUDA defaults, ``--workloads`` of
         rollout_gpu.py, 256 prompts, after a warm-up call): CUDA events recorded at each phase
         boundary split the GPU's timeline into prefill (with the first token), decode steps by
