@@ -58,6 +58,15 @@ def print_lines(count: int) -> int:
     return 0
 
 
+def print_a_line_in_two_writes(pause: float) -> int:
+    """Half a line reaches the log file, waits there while Ray's log monitor reads it, then the rest."""
+    sys.stdout.write(f"the first half of rank {os.environ['RANK']}'s line ")
+    sys.stdout.flush()
+    time.sleep(pause)
+    print("and its second half")
+    return 0
+
+
 def fail_on_rank(bad: int) -> int:
     if int(os.environ["RANK"]) == bad:
         raise ValueError(f"rank {bad} fails on purpose")
@@ -130,6 +139,20 @@ def test_ray_ranks_last_lines_all_arrive_before_the_launcher_returns(
     seen = capfd.readouterr().out
     for rank in (0, 1):
         assert len(re.findall(rf"line \d+ of rank {rank}\b", seen)) == 3000, seen[-1000:]
+
+
+def test_ray_a_line_the_log_monitor_reads_half_written_is_printed_whole(
+    ray_cluster, launch_request, tmp_path, capfd
+):
+    """Ray's log monitor publishes what it finds of a line not yet ended as a line of its own;
+    the launcher joins the rest to it."""
+    run = launcher(ray_cluster, workers=2)
+    request = launch_request(run_dir=tmp_path / "run")
+    assert run.run_workers(request, target=print_a_line_in_two_writes, kwargs={"pause": 1.0}) == 0
+    seen = capfd.readouterr().out
+    for rank in (0, 1):
+        assert f"the first half of rank {rank}'s line and its second half" in seen, seen[-2000:]
+        assert seen.count(f"rank {rank}'s line") == 1, seen[-2000:]
 
 
 def test_ray_too_many_gpus_is_refused_at_once(ray_cluster, launch_request):
