@@ -50,3 +50,27 @@ QWEN2_5_7B = dict(
 def config_kwargs(shape: dict, **extra) -> dict:
     """Qwen2Config keyword arguments for ``shape``: tied embeddings by default, then ``extra``."""
     return {"tie_word_embeddings": True, **shape, **extra}
+
+
+def layer_products(shape: dict) -> dict[str, tuple[int, int]]:
+    """The weight shape (N, K) of each matrix product of one decoder layer, apart and fused as the
+    ``hf`` engine runs them (q/k/v as one, gate/up as one), and of the lm_head."""
+    hidden, inter, heads, kv_heads = (
+        shape["hidden_size"],
+        shape["intermediate_size"],
+        shape["num_attention_heads"],
+        shape["num_key_value_heads"],
+    )
+    head_dim = hidden // heads
+    return {
+        "q": (heads * head_dim, hidden),
+        "k": (kv_heads * head_dim, hidden),
+        "v": (kv_heads * head_dim, hidden),
+        "o": (hidden, heads * head_dim),
+        "gate": (inter, hidden),
+        "up": (inter, hidden),
+        "down": (hidden, inter),
+        "qkv fused": ((heads + 2 * kv_heads) * head_dim, hidden),
+        "gate+up fused": (2 * inter, hidden),
+        "lm_head": (shape["vocab_size"], hidden),
+    }

@@ -328,27 +328,9 @@ if part == "call":
 if part in ("both", "gemm"):
     import torch.nn.functional as F
     from grpo_step import SHAPES
+    from model_shapes import layer_products
 
-    shape = SHAPES[args.shape]
-    H, inter, heads, kvh = (
-        shape["hidden_size"],
-        shape["intermediate_size"],
-        shape["num_attention_heads"],
-        shape["num_key_value_heads"],
-    )
-    D = H // heads
-    mats = {
-        "q": (heads * D, H),
-        "k": (kvh * D, H),
-        "v": (kvh * D, H),
-        "o": (H, heads * D),
-        "gate": (inter, H),
-        "up": (inter, H),
-        "down": (H, inter),
-        "qkv fused": ((heads + 2 * kvh) * D, H),
-        "gate+up fused": (2 * inter, H),
-        "lm_head": (shape["vocab_size"], H),
-    }
+    mats = layer_products(SHAPES[args.shape])
     print(f"\n{'matrix':14} {'N x K':>14} {'batch':>5} {'us':>8} {'TFLOP/s':>8} {'weights GB/s':>13}")
     from triton.testing import do_bench
 

@@ -17,9 +17,11 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, "benchmarks")
-from model_shapes import QWEN2_5_0_5B, QWEN2_5_1_5B, QWEN2_5_3B, QWEN2_5_7B  # noqa: E402
+from grpo_step import SHAPES  # noqa: E402
+from model_shapes import layer_products  # noqa: E402
 
-SHAPES = {"0.5b": QWEN2_5_0_5B, "1.5b": QWEN2_5_1_5B, "3b": QWEN2_5_3B, "7b": QWEN2_5_7B}
+# What a decode step of the hf engine multiplies (q/k/v and gate/up fused on CUDA).
+STEP_PRODUCTS = ("qkv fused", "o", "gate+up fused", "down", "lm_head")
 
 
 def _configs():
@@ -108,25 +110,13 @@ def main():
     parser.add_argument("--batches", default="16,32,64,128", help="rows of x (comma list)")
     args = parser.parse_args()
     s = SHAPES[args.shape]
-    h, inter, heads, kv = (
-        s["hidden_size"],
-        s["intermediate_size"],
-        s["num_attention_heads"],
-        s["num_key_value_heads"],
-    )
-    hd = h // heads
-    products = {
-        "qkv": (heads * hd + 2 * kv * hd, h),
-        "o": (h, heads * hd),
-        "gate_up": (2 * inter, h),
-        "down": (h, inter),
-        "lm_head": (s["vocab_size"], h),
-    }
+    every = layer_products(s)
+    products = {name: every[name] for name in STEP_PRODUCTS}
     print(
         f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  shape {args.shape}"
     )
     print(
-        f"{'product':8} {'M':>4} {'cuBLAS us':>10} {'TB/s':>6} {'triton us':>10} {'TB/s':>6} {'max|diff|':>9}"
+        f"{'product':13} {'M':>4} {'cuBLAS us':>10} {'TB/s':>6} {'triton us':>10} {'TB/s':>6} {'max|diff|':>9}"
     )
     total = {}
     for M in [int(b) for b in args.batches.split(",")]:
@@ -140,7 +130,7 @@ def main():
             t_triton = graph_us(lambda x=x, w=w: skinny_linear(x, w))
             gb = N * K * 2 / 1e9
             line = (
-                f"{name:8} {M:4d} {t_cublas:10.1f} {gb / t_cublas * 1e3:6.2f} "
+                f"{name:13} {M:4d} {t_cublas:10.1f} {gb / t_cublas * 1e3:6.2f} "
                 f"{t_triton:10.1f} {gb / t_triton * 1e3:6.2f} {diff:9.4f}"
             )
             print(line, flush=True)
