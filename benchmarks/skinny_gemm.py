@@ -13,8 +13,12 @@ import argparse
 import sys
 
 import torch
-import triton
-import triton.language as tl
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    sys.exit("skinny_gemm.py needs Triton and a CUDA device (torch's CUDA builds bring Triton)")
 
 sys.path.insert(0, "benchmarks")
 from grpo_step import SHAPES  # noqa: E402
@@ -109,6 +113,12 @@ def main():
     parser.add_argument("--shape", default="7b", choices=sorted(SHAPES))
     parser.add_argument("--batches", default="16,32,64,128", help="rows of x (comma list)")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA device: it times cuBLAS and a Triton kernel on the GPU")
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        parser.error(f"--batches: expected whole numbers separated by commas, got {args.batches!r}")
     s = SHAPES[args.shape]
     every = layer_products(s)
     products = {name: every[name] for name in STEP_PRODUCTS}
@@ -119,7 +129,7 @@ def main():
         f"{'product':13} {'M':>4} {'cuBLAS us':>10} {'TB/s':>6} {'triton us':>10} {'TB/s':>6} {'max|diff|':>9}"
     )
     total = {}
-    for M in [int(b) for b in args.batches.split(",")]:
+    for M in batches:
         for name, (N, K) in products.items():
             w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.02
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
